@@ -1,0 +1,187 @@
+"""Frozen configuration, one dataclass per layer of the system.
+
+Each component receives only its slice (the KV cache never sees the scheduler's config, the
+scheduler never sees the model's weights). `from_dict` rejects unknown keys so a misspelt
+option fails loudly instead of being silently ignored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An option has an invalid value or an unknown name."""
+
+
+def _from_dict(cls, data: dict[str, Any]):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown {cls.__name__} option(s): {', '.join(unknown)}")
+    return cls(**data)
+
+
+_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9,
+          "t": 1e12, "tb": 1e12, "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+          "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'80GiB' -> bytes. Plain integers are bytes."""
+    if isinstance(text, int):
+        return text
+    m = _SIZE_RE.match(str(text))
+    if not m or (m.group(2) or "").lower() not in _UNITS:
+        raise ConfigError(f"cannot parse size {text!r} (examples: 512MiB, 80GiB, 2TiB)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder. Layer kinds are per layer: 'full' or 'swa'.
+
+    `sliding_window` counts the keys a query on an SWA layer may see, itself included
+    (Gemma 3 / transformers semantics: keys in (pos - window, pos]).
+    """
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    layer_types: tuple[str, ...]
+    # per layer kind: (num_kv_heads, qk_head_dim, v_head_dim)
+    full_kv_heads: int
+    swa_kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    swa_head_dim: int
+    swa_v_head_dim: int
+    sliding_window: int
+    rope_theta: float
+    rope_local_theta: float
+    rms_norm_eps: float = 1e-6
+    max_position: int = 32768
+    query_pre_attn_scalar: float | None = None
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    rope_scaling_factor: float = 1.0   # linear scaling of the full layers' RoPE (Gemma 3 4B+)
+
+    def __post_init__(self):
+        if len(self.layer_types) != self.num_layers:
+            raise ConfigError("layer_types must have one entry per layer")
+        bad = set(self.layer_types) - {"full", "swa"}
+        if bad:
+            raise ConfigError(f"unknown layer type(s) {sorted(bad)}")
+
+    @property
+    def full_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "full")
+
+    @property
+    def swa_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, t in enumerate(self.layer_types) if t == "swa")
+
+    def kv_shape(self, kind: str) -> tuple[int, int, int]:
+        """(kv_heads, k_head_dim, v_head_dim) of a layer kind."""
+        if kind == "full":
+            return self.full_kv_heads, self.head_dim, self.v_head_dim
+        return self.swa_kv_heads, self.swa_head_dim, self.swa_v_head_dim
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        data = dict(data)
+        if "layer_types" in data:
+            data["layer_types"] = tuple(data["layer_types"])
+        if "eos_token_ids" in data:
+            data["eos_token_ids"] = tuple(data["eos_token_ids"])
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """KV cache sizing. `kv_cache_memory` is a byte budget shared by both pools;
+    `swa_share` is the fraction of it given to the SWA pool (None: derived from the model's
+    shapes so that both pools fill together for requests of `planning_context` tokens)."""
+    page_size: int = 16
+    kv_cache_memory: int = 2 * 2**30
+    swa_share: float | None = None
+    planning_context: int | None = None
+    layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
+
+    def __post_init__(self):
+        if self.page_size < 1:
+            raise ConfigError("page_size must be >= 1")
+        if self.kv_cache_memory <= 0:
+            raise ConfigError("kv_cache_memory must be positive")
+        if self.swa_share is not None and not 0.0 < self.swa_share < 1.0:
+            raise ConfigError("swa_share must be in (0, 1)")
+        if self.layout not in ("hybrid", "full-kv"):
+            raise ConfigError("layout must be 'hybrid' or 'full-kv'")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CacheConfig":
+        data = dict(data)
+        if "kv_cache_memory" in data:
+            data["kv_cache_memory"] = parse_size(data["kv_cache_memory"])
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Continuous batching: at most `max_num_seqs` running requests; each step schedules at
+    most `max_num_batched_tokens` tokens (decode tokens first, then prefill chunks)."""
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1:
+            raise ConfigError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ConfigError("max_num_batched_tokens must be >= 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the model runs: device, activation dtype, weight format, threads."""
+    device: str = "cpu"
+    dtype: str = "bfloat16"      # activations and KV: 'float32' or 'bfloat16'
+    quantize: str = "auto"       # decode weights: 'none' or 'int8' ('auto': int8 on CPU+bf16)
+    num_threads: int | None = None
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ConfigError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
+        if self.quantize not in ("auto", "none", "int8"):
+            raise ConfigError(f"quantize must be auto, none or int8, not {self.quantize!r}")
+        if self.quantize == "int8" and self.dtype != "bfloat16":
+            raise ConfigError("quantize=int8 needs dtype=bfloat16 (the int8 kernel takes bf16)")
+
+    @property
+    def use_int8(self) -> bool:
+        if self.quantize == "auto":
+            return self.dtype == "bfloat16" and self.device == "cpu"
+        return self.quantize == "int8"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RuntimeConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "gemma-3-270m"
+    max_model_len: int | None = None
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)

@@ -1,0 +1,123 @@
+"""LLMEngine: owns the model, the KV pools, the scheduler and the runner; `step()` runs one
+iteration of continuous batching. Synchronous; the server drives it from its own thread."""
+from __future__ import annotations
+
+import itertools
+import time
+
+import torch
+
+from ..config import ConfigError, EngineConfig
+from ..kvcache.dual_pool import DualPool
+from ..kvcache.layout import KVLayout, plan_pages
+from ..models import registry
+from ..gpu.sampling import sample
+from .runner import ModelRunner
+from .sampling_params import SamplingParams
+from .scheduler import Scheduler
+from .sequence import Sequence, Status
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class RequestError(ValueError):
+    """A request that can never be served as given (empty, too long, ...)."""
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: registry.LoadedModel | None = None,
+                 progress: bool = True):
+        self.config = config
+        rt = config.runtime
+        if rt.num_threads:
+            torch.set_num_threads(rt.num_threads)
+        t0 = time.perf_counter()
+        loaded = loaded or registry.load(config.model, progress)
+        self.model_config = mc = loaded.config
+        self.tokenizer = loaded.tokenizer
+        dtype = DTYPES[rt.dtype]
+        self.model = registry.build_model(mc, loaded.weights, dtype).to(rt.device).eval()
+        if rt.use_int8:
+            self.model.quantize_int8()
+        self.max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
+        if self.max_model_len < 2:
+            raise ConfigError("max_model_len must be >= 2")
+        cc = config.cache
+        layout = KVLayout.from_model(mc, rt.dtype, cc.layout)
+        context = cc.planning_context or min(self.max_model_len, 8192)
+        full_pages, swa_pages = plan_pages(layout, cc, context)
+        self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
+        self.scheduler = Scheduler(config.scheduler, self.pool)
+        self.runner = ModelRunner(self.model, self.pool, mc.layer_types, mc.sliding_window, rt.device)
+        self._ids = itertools.count()
+        self._default_gen = torch.Generator().manual_seed(config.seed)
+        self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(
+            getattr(self.tokenizer, "eos_token_ids", ()) or ())
+        self.load_seconds = time.perf_counter() - t0
+
+    # ---- requests -------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        if not isinstance(params, SamplingParams):
+            raise TypeError("params must be a SamplingParams")
+        if not prompt_ids:
+            raise RequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_ids):
+            raise RequestError(f"prompt token ids must be integers in [0, {vocab})")
+        total = len(prompt_ids) + params.max_tokens
+        if len(prompt_ids) >= self.max_model_len:
+            raise RequestError(f"prompt has {len(prompt_ids)} tokens; the context is "
+                               f"{self.max_model_len} tokens (it must leave room for one more)")
+        if total > self.max_model_len:
+            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
+                               f"({params.max_tokens}) exceeds the context of {self.max_model_len}")
+        gen = (torch.Generator().manual_seed(params.seed) if params.seed is not None
+               else self._default_gen)
+        seq = Sequence(next(self._ids), list(prompt_ids), params, self.eos_ids, generator=gen)
+        if not self.scheduler.fits_empty_pool(seq):
+            f, s = self.scheduler.need(seq)
+            raise RequestError(
+                f"request needs {f} full + {s} SWA KV pages but the KV budget holds "
+                f"{self.pool.full.allocator.capacity} + {self.pool.swa.allocator.capacity}; "
+                f"lower max_tokens or raise --kv-cache-memory")
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        if seq.status is not Status.FINISHED:
+            seq.finish_reason = "abort"
+            self.scheduler.finish(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one iteration ------------------------------------------------------------------
+    def step(self) -> list[tuple[Sequence, int]]:
+        """Schedule, run the model once, sample. Returns (sequence, new token) pairs."""
+        chunks = self.scheduler.schedule()
+        if not chunks:
+            return []
+        sampled = [c for c in chunks if c.sample]
+        try:
+            logits = self.runner.execute(chunks)
+        except Exception:
+            # A failed forward leaves nothing allocated for the requests it carried.
+            for c in chunks:
+                c.seq.finish_reason = "error"
+                self.scheduler.finish(c.seq)
+            raise
+        tokens = sample(logits, [c.seq.params for c in sampled],
+                        [c.seq.generator for c in sampled])
+        out = []
+        for c, t in zip(sampled, tokens):
+            c.seq.append(t)
+            out.append((c.seq, t))
+        self.scheduler.commit(chunks)
+        return out
+
+    def check_integrity(self) -> None:
+        self.pool.check_integrity()
+        if not self.scheduler.has_work():
+            assert self.pool.num_live_seqs == 0, "idle engine still holds sequences"
+            for a in (self.pool.full.allocator, self.pool.swa.allocator):
+                assert a.num_in_use == 0, f"{a.name}: {a.num_in_use} pages leaked"

@@ -1,0 +1,54 @@
+"""The one place that turns scheduled requests into tensors and runs the model."""
+from __future__ import annotations
+
+import torch
+
+from ..gpu.attention import AttentionBackend, TorchAttention, build_attn_batch
+from ..kvcache.dual_pool import DualPool
+from ..models.context import ForwardContext
+from .scheduler import ScheduledChunk
+
+
+class ModelRunner:
+    def __init__(self, model, pool: DualPool, layer_types: tuple[str, ...], window: int,
+                 device: str = "cpu", backend: AttentionBackend | None = None):
+        self.model = model
+        self.pool = pool
+        self.device = torch.device(device)
+        self.window = window
+        self.backend = backend or TorchAttention()
+        self.mask_dtype = next(model.parameters()).dtype
+        # Layer i -> its cache tensors: SWA layers live in the SWA pool in the hybrid
+        # layout, in the full pool (like every layer) in the full-kv layout.
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        nf = ns = 0
+        for t in layer_types:
+            if t == "swa" and pool.hybrid:
+                self.kv.append((pool.swa.k(ns), pool.swa.v(ns)))
+                ns += 1
+            else:
+                self.kv.append((pool.full.k(nf), pool.full.v(nf)))
+                nf += 1
+
+    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        """Run one step. Returns float32 logits for the chunks with `sample` set, in order."""
+        ids, pos, spans, rows = [], [], [], []
+        row = 0
+        for c in chunks:
+            toks = c.seq.all_ids[c.start:c.start + c.n]
+            ids.extend(toks)
+            pos.extend(range(c.start, c.start + c.n))
+            spans.append((row, c.start, c.n, c.seq.kv))
+            row += c.n
+            if c.sample:
+                rows.append(row - 1)
+        dev = self.device
+        batches = {
+            "full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype),
+            "swa": build_attn_batch(spans, self.window, self.pool.swa_slots, dev, self.mask_dtype),
+        }
+        ctx = ForwardContext(self.kv, batches, self.backend)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
+        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+        logit_rows = torch.tensor(rows, dtype=torch.int64, device=dev)
+        return self.model(input_ids, positions, ctx, logit_rows)

@@ -1,0 +1,118 @@
+"""Continuous batching with chunked prefill. Bookkeeping only: never imports the model.
+
+Each step: every running request in decode gets its one token, then prefill chunks (running
+requests first, then newly admitted ones in queue order) fill the rest of the token budget.
+
+Admission reserves each request's worst case in both pools (full pages for prompt +
+max_tokens; SWA pages for window + chunk + one page). A running request can therefore always
+grow, so nothing deadlocks and no request dies mid-generation; a request that does not fit
+waits until running ones finish and free their pages.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from ..config import SchedulerConfig
+from ..kvcache.dual_pool import DualPool
+from .sequence import Sequence, Status
+
+
+@dataclass
+class ScheduledChunk:
+    seq: Sequence
+    start: int          # first position computed this step
+    n: int              # tokens computed this step
+    sample: bool        # this chunk ends at the last known token: sample the next one
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool):
+        self.cfg = cfg
+        self.pool = pool
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    # ---- capacity -------------------------------------------------------------------
+    def need(self, seq: Sequence) -> tuple[int, int]:
+        """Worst-case (full, SWA) pages the request may hold at once."""
+        full = _cdiv(seq.max_len, self.pool.page_size)
+        return full, self.pool.swa_pages_for(seq.max_len, self.cfg.max_num_batched_tokens)
+
+    def fits_empty_pool(self, seq: Sequence) -> bool:
+        f, s = self.need(seq)
+        return (f <= self.pool.full.allocator.capacity
+                and s <= self.pool.swa.allocator.capacity)
+
+    def _reserved(self) -> tuple[int, int]:
+        rf = rs = 0
+        for s in self.running:
+            f, w = self.need(s)
+            rf += max(0, f - len(s.kv.full_pages))
+            rs += max(0, w - s.kv.live_swa_pages())
+        return rf, rs
+
+    def _can_admit(self, seq: Sequence) -> bool:
+        f, s = self.need(seq)
+        rf, rs = self._reserved()
+        return (self.pool.full.allocator.num_free - rf >= f
+                and self.pool.swa.allocator.num_free - rs >= s)
+
+    # ---- queue ------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledChunk]:
+        budget = self.cfg.max_num_batched_tokens
+        out: list[ScheduledChunk] = []
+        for seq in self.running:
+            if not seq.in_prefill and budget > 0:
+                out.append(self._chunk(seq, 1))
+                budget -= 1
+        for seq in self.running:
+            if seq.in_prefill and budget > 0:
+                n = min(len(seq.prompt_ids) - seq.num_computed, budget)
+                out.append(self._chunk(seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if not self._can_admit(seq):
+                break           # FCFS: later requests do not overtake a blocked head
+            self.waiting.popleft()
+            seq.kv = self.pool.new_seq()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(len(seq.prompt_ids) - seq.num_computed, budget)
+            out.append(self._chunk(seq, n))
+            budget -= n
+        return out
+
+    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+        start = seq.num_computed
+        self.pool.grow(seq.kv, start + n)
+        return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
+
+    # ---- after the model ran -------------------------------------------------------
+    def commit(self, chunks: list[ScheduledChunk]) -> None:
+        """Advance computed counts, release out-of-window SWA, retire finished requests."""
+        for c in chunks:
+            c.seq.num_computed = c.start + c.n
+            self.pool.release_window(c.seq.kv, c.seq.num_computed)
+        for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
+            self.finish(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            self.pool.free_seq(seq.kv)
+            seq.kv = None
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED

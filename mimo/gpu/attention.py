@@ -1,0 +1,120 @@
+"""Attention over paged KV.
+
+The runner describes one step's batch once per layer kind (`AttnBatch`: where new K/V go,
+which cache slots each sequence's queries read, and the masks); every layer of that kind
+reuses it. A backend only writes K/V and computes attention; it knows nothing of pages,
+pools or requests, so a FlashInfer backend can replace the torch one behind this interface.
+
+Sequences with one query token (decode) are batched into one padded SDPA call; longer ones
+(prefill chunks) run one call each.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class PrefillSpan:
+    rows: slice                 # this sequence's query rows in the flattened batch
+    kv_slots: torch.Tensor      # [L] cache slots of the keys it reads, in position order
+    mask: torch.Tensor | None   # [q, L] bool (True: may attend); None: plain causal on aligned ends
+
+
+@dataclass
+class AttnBatch:
+    write_slots: torch.Tensor             # [T] slot of each new token's K/V
+    decode_rows: torch.Tensor | None      # [B] rows of single-token sequences
+    decode_slots: torch.Tensor | None     # [B, L] slots read by each (padded)
+    decode_mask: torch.Tensor | None      # [B, 1, 1, L] additive (0 or -inf)
+    prefills: list[PrefillSpan]
+
+
+def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:
+    """seqs: iterable of (row_start, start_pos, n_new, handle); slots_fn(handle, a, b) gives
+    cache slots of positions [a, b). A query at position p sees keys in
+    (p - window, p] when `window` is set, else [0, p]."""
+    write, dec_rows, dec_slots, dec_lo, prefills = [], [], [], [], []
+    for row, start, n, handle in seqs:
+        end = start + n
+        lo = 0 if window is None else max(0, start - window + 1)
+        slots = slots_fn(handle, lo, end)
+        write.append(slots[start - lo:])
+        if n == 1:
+            dec_rows.append(row)
+            dec_slots.append(slots)
+            dec_lo.append(lo)
+        else:
+            kpos = torch.arange(lo, end)
+            qpos = torch.arange(start, end)
+            m = kpos[None, :] <= qpos[:, None]
+            if window is not None:
+                m &= kpos[None, :] > qpos[:, None] - window
+            prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device)))
+    batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
+    if dec_rows:
+        L = max(len(s) for s in dec_slots)
+        idx = torch.zeros(len(dec_slots), L, dtype=torch.int64)
+        mask = torch.full((len(dec_slots), 1, 1, L), float("-inf"), dtype=mask_dtype)
+        for i, s in enumerate(dec_slots):
+            idx[i, :len(s)] = s
+            mask[i, 0, 0, :len(s)] = 0.0
+        batch.decode_rows = torch.tensor(dec_rows, dtype=torch.int64, device=device)
+        batch.decode_slots = idx.to(device)
+        batch.decode_mask = mask.to(device)
+    return batch
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
+                scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        """q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv].
+        Writes k/v into the caches at `batch.write_slots` first."""
+
+
+def _sdpa(q, k, v, mask, scale, sinks):
+    """q [B, Hq, n, D], k/v [B, Hkv, L, D]; mask bool or additive, broadcastable."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=q.shape[1] != k.shape[1])
+    # Attention sink: a per-head logit joining the softmax with no value (MiMo SWA layers).
+    rep = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    sk = sinks.float().view(1, -1, 1, 1).expand(s.shape[0], -1, s.shape[2], 1)
+    p = torch.softmax(torch.cat([s, sk], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(p, v.float()).to(q.dtype)
+
+
+class TorchAttention(AttentionBackend):
+    """Reference backend on any device: gather the keys of each sequence, then SDPA."""
+
+    def forward(self, q, k, v, k_cache, v_cache, batch, scale, sinks=None):
+        k_cache.index_copy_(0, batch.write_slots, k)
+        v_cache.index_copy_(0, batch.write_slots, v)
+        out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        if batch.decode_rows is not None:
+            qd = q.index_select(0, batch.decode_rows).unsqueeze(2)          # [B, Hq, 1, D]
+            B, L = batch.decode_slots.shape
+            flat = batch.decode_slots.reshape(-1)
+            # index_select, not advanced indexing: the latter is erratically slow on CPU.
+            kd = k_cache.index_select(0, flat).view(B, L, *k_cache.shape[1:]).transpose(1, 2)
+            vd = v_cache.index_select(0, flat).view(B, L, *v_cache.shape[1:]).transpose(1, 2)
+            mask = batch.decode_mask.to(q.dtype)
+            od = _sdpa(qd, kd, vd, mask if sinks is None else mask == 0, scale, sinks)
+            out.index_copy_(0, batch.decode_rows, od.squeeze(2))
+        for span in batch.prefills:
+            qp = q[span.rows].transpose(0, 1).unsqueeze(0)                    # [1, Hq, n, D]
+            kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
+            vp = v_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
+            op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
+            out[span.rows] = op.squeeze(0).transpose(0, 1)
+        return out

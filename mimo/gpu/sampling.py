@@ -1,0 +1,31 @@
+"""Token sampling from a batch of logits, each row with its own settings."""
+from __future__ import annotations
+
+import torch
+
+
+def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+               generator: torch.Generator | None) -> int:
+    """logits: [V] float32. temperature 0 is greedy (argmax, first index on ties)."""
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    x = logits / temperature
+    if top_k and top_k > 0 and top_k < x.numel():
+        kth = torch.topk(x, top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=True)
+        probs = torch.softmax(sorted_x, dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p (the top token always stays).
+        drop = probs.cumsum(-1) - probs >= top_p
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        x = torch.full_like(x, float("-inf")).scatter(0, idx, sorted_x)
+    probs = torch.softmax(x, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def sample(logits: torch.Tensor, params: list, generators: list) -> list[int]:
+    if all(p.temperature == 0 for p in params):
+        return torch.argmax(logits, dim=-1).tolist()
+    return [sample_row(logits[i], p.temperature, p.top_p, p.top_k, g)
+            for i, (p, g) in enumerate(zip(params, generators))]

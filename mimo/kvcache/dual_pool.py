@@ -1,0 +1,171 @@
+"""The two pools of a hybrid-SWA model and the pages each request holds in them.
+
+Ownership: a `SeqKV` lists the pages its request holds; only `DualPool` moves pages between a
+sequence and the allocators. Logical page p of a sequence covers token positions
+[p * page_size, (p + 1) * page_size). Its full page is kept for the sequence's life; its SWA
+page is released as soon as every position in it is older than the window, so a request
+holds at most about window + chunk + one page of SWA slots whatever its length.
+
+`full_to_swa[full_slot]` gives the SWA slot holding the same token's SWA-layer KV, or -1
+(no SWA KV: never written, or released). The rest of the system addresses a sequence by
+full slots; SWA layers translate through this map.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .allocator import OutOfPages
+from .layout import KVLayout
+from .pool import PagedKVPool
+
+
+@dataclass
+class SeqKV:
+    full_pages: list[int] = field(default_factory=list)
+    swa_pages: list[int | None] = field(default_factory=list)   # None: released
+    swa_released: int = 0      # logical pages [0, swa_released) have no SWA page
+
+    @property
+    def capacity_tokens(self) -> int:
+        return len(self.full_pages)
+
+    def live_swa_pages(self) -> int:
+        return sum(p is not None for p in self.swa_pages)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class DualPool:
+    def __init__(self, layout: KVLayout, full_pages: int, swa_pages: int, page_size: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 allocate: bool = True):
+        self.layout = layout
+        self.page_size = page_size
+        self.window = layout.window
+        self.hybrid = layout.hybrid and bool(layout.swa)
+        self.full = PagedKVPool("full", layout.full, full_pages, page_size, dtype, device, allocate)
+        self.swa = PagedKVPool("swa", layout.swa, swa_pages if self.hybrid else 0, page_size,
+                               dtype, device, allocate)
+        self.full_to_swa = (torch.full((full_pages * page_size,), -1, dtype=torch.int64)
+                            if allocate and self.hybrid else None)
+        self._seqs: set[int] = set()   # ids of live SeqKV, to catch a leaked or foreign one
+
+    # ---- sizing questions the scheduler asks -------------------------------------------
+    def pages_to_grow(self, seq: SeqKV, new_len: int) -> tuple[int, int]:
+        """(full, swa) pages `grow(seq, new_len)` would allocate."""
+        need = _cdiv(new_len, self.page_size) - len(seq.full_pages)
+        need = max(need, 0)
+        return need, (need if self.hybrid else 0)
+
+    def swa_pages_for(self, context: int, chunk: int) -> int:
+        """SWA pages a request may hold at once: window + chunk + one page of tokens."""
+        if not self.hybrid:
+            return 0
+        return min(_cdiv(context, self.page_size),
+                   _cdiv(self.window + chunk, self.page_size) + 1)
+
+    def can_grow(self, seq: SeqKV, new_len: int, reserve: tuple[int, int] = (0, 0)) -> bool:
+        f, s = self.pages_to_grow(seq, new_len)
+        return (self.full.allocator.num_free - reserve[0] >= f
+                and self.swa.allocator.num_free - reserve[1] >= s)
+
+    # ---- page movement ----------------------------------------------------------------
+    def new_seq(self) -> SeqKV:
+        seq = SeqKV()
+        self._seqs.add(id(seq))
+        return seq
+
+    def grow(self, seq: SeqKV, new_len: int) -> None:
+        """Allocate pages so positions [0, new_len) have slots in both pools. All or nothing."""
+        f, s = self.pages_to_grow(seq, new_len)
+        if f == 0:
+            return
+        if self.full.allocator.num_free < f or self.swa.allocator.num_free < s:
+            raise OutOfPages(f"need {f} full + {s} SWA pages; free "
+                             f"{self.full.allocator.num_free} full, {self.swa.allocator.num_free} SWA")
+        fp = self.full.allocator.alloc(f)
+        sp = self.swa.allocator.alloc(s) if s else []
+        first = len(seq.full_pages)
+        seq.full_pages.extend(fp)
+        if self.hybrid:
+            seq.swa_pages.extend(sp)
+            if self.full_to_swa is not None:
+                P = self.page_size
+                ar = torch.arange(P)
+                for j, (fpage, spage) in enumerate(zip(fp, sp)):
+                    self.full_to_swa[fpage * P:(fpage + 1) * P] = spage * P + ar
+        assert len(seq.full_pages) == first + f
+
+    def release_window(self, seq: SeqKV, seq_len: int) -> int:
+        """Free SWA pages every position of which is out of the window of the next query
+        (position `seq_len` sees keys (seq_len - window, seq_len]). Returns pages freed."""
+        if not self.hybrid:
+            return 0
+        first_needed = seq_len - self.window + 1
+        upto = min(max(first_needed, 0) // self.page_size, len(seq.swa_pages))
+        freed = []
+        for p in range(seq.swa_released, upto):
+            sp = seq.swa_pages[p]
+            if sp is not None:
+                freed.append(sp)
+                seq.swa_pages[p] = None
+                self._unmap(seq.full_pages[p])
+        seq.swa_released = max(seq.swa_released, upto)
+        self.swa.allocator.free(freed)
+        return len(freed)
+
+    def free_seq(self, seq: SeqKV) -> None:
+        """Return every page the sequence holds. A sequence is freed exactly once."""
+        if id(seq) not in self._seqs:
+            raise RuntimeError("freeing a sequence this pool does not own (double free?)")
+        self._seqs.discard(id(seq))
+        live = [p for p in seq.swa_pages if p is not None]
+        for p, sp in enumerate(seq.swa_pages):
+            if sp is not None:
+                self._unmap(seq.full_pages[p])
+        self.swa.allocator.free(live)
+        self.full.allocator.free(seq.full_pages)
+        seq.full_pages, seq.swa_pages, seq.swa_released = [], [], 0
+
+    def _unmap(self, full_page: int) -> None:
+        if self.full_to_swa is not None:
+            P = self.page_size
+            self.full_to_swa[full_page * P:(full_page + 1) * P] = -1
+
+    # ---- addressing ---------------------------------------------------------------------
+    def full_slots(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
+        pos = torch.arange(start, end)
+        pages = torch.tensor(seq.full_pages, dtype=torch.int64)
+        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def swa_slots(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
+        """SWA slots of positions [start, end); every one must still be live."""
+        if not self.hybrid:
+            return self.full_slots(seq, start, end)
+        pos = torch.arange(start, end)
+        lp = pos // self.page_size
+        pages = torch.tensor([-1 if p is None else p for p in seq.swa_pages], dtype=torch.int64)
+        sp = pages[lp]
+        if start < end and bool((sp < 0).any()):
+            raise RuntimeError(f"SWA KV for positions [{start}, {end}) was already released")
+        return sp * self.page_size + pos % self.page_size
+
+    # ---- accounting ---------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        self.full.check_integrity()
+        self.swa.check_integrity()
+        if self.full_to_swa is not None:
+            mapped = int((self.full_to_swa >= 0).sum())
+            assert mapped == self.swa.allocator.num_in_use * self.page_size, \
+                "full->SWA map disagrees with the SWA pool's pages in use"
+
+    @property
+    def num_live_seqs(self) -> int:
+        return len(self._seqs)
+
+    def stats(self) -> dict:
+        return {"full": self.full.allocator.stats(), "swa": self.swa.allocator.stats()}

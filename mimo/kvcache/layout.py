@@ -1,0 +1,107 @@
+"""KV layout of a model: which layers store what, and how the byte budget becomes pages.
+
+Kept free of any model code: the bench and the scheduler size pools from shapes alone.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import CacheConfig, ConfigError, ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One attention layer's KV row: heads x (k_dim + v_dim) elements per token."""
+    kv_heads: int
+    k_dim: int
+    v_dim: int
+
+    @property
+    def elems(self) -> int:
+        return self.kv_heads * (self.k_dim + self.v_dim)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Per-pool layer lists. In the 'hybrid' layout SWA layers live in the SWA pool and keep
+    only their window; in 'full-kv' (the pre-SWA baseline) every layer is in the full pool."""
+    full: tuple[LayerKV, ...]
+    swa: tuple[LayerKV, ...]
+    window: int            # keys an SWA query sees, itself included
+    dtype_bytes: int
+    hybrid: bool = True
+
+    @property
+    def full_bytes_per_token(self) -> int:
+        return sum(l.elems for l in self.full) * self.dtype_bytes
+
+    @property
+    def swa_bytes_per_token(self) -> int:
+        return sum(l.elems for l in self.swa) * self.dtype_bytes
+
+    def request_bytes(self, context: int, page_size: int) -> int:
+        """Bytes one request of `context` tokens holds once its window is released."""
+        full = self.full_bytes_per_token * context
+        if not self.swa:
+            return full
+        return full + self.swa_bytes_per_token * min(context, self.window + page_size)
+
+    @classmethod
+    def from_model(cls, cfg: ModelConfig, dtype: str, layout: str = "hybrid") -> "KVLayout":
+        full = [LayerKV(*cfg.kv_shape("full")) for _ in cfg.full_layers]
+        swa = [LayerKV(*cfg.kv_shape("swa")) for _ in cfg.swa_layers]
+        if layout == "full-kv" or not swa:
+            return cls(tuple(LayerKV(*cfg.kv_shape(t)) for t in cfg.layer_types), (),
+                       cfg.sliding_window, DTYPE_BYTES[dtype], hybrid=False)
+        return cls(tuple(full), tuple(swa), cfg.sliding_window, DTYPE_BYTES[dtype])
+
+
+# Shapes of real models, for sizing and benchmarks without weights.
+KNOWN_SHAPES = {
+    "gemma-3-270m": dict(layers=18, full_every=6, full=(1, 256, 256), swa=(1, 256, 256), window=512),
+    "gemma-3-1b": dict(layers=26, full_every=6, full=(1, 256, 256), swa=(1, 256, 256), window=512),
+    # 48 layers: 9 full-attention, 39 SWA (W=128); 4 KV heads on full layers, 8 on SWA layers.
+    "mimo-v2-flash": dict(layers=48, full_ids=(0, 5, 11, 17, 23, 29, 35, 41, 47),
+                          full=(4, 192, 128), swa=(8, 192, 128), window=128),
+}
+
+
+def shape_layout(name: str, dtype: str = "bfloat16", layout: str = "hybrid") -> KVLayout:
+    if name not in KNOWN_SHAPES:
+        raise ConfigError(f"unknown shape {name!r}; known: {', '.join(sorted(KNOWN_SHAPES))}")
+    s = KNOWN_SHAPES[name]
+    if "full_ids" in s:
+        kinds = ["full" if i in s["full_ids"] else "swa" for i in range(s["layers"])]
+    else:
+        kinds = ["full" if (i + 1) % s["full_every"] == 0 else "swa" for i in range(s["layers"])]
+    full = [LayerKV(*s["full"]) for k in kinds if k == "full"]
+    swa = [LayerKV(*s["swa"]) for k in kinds if k == "swa"]
+    if layout == "full-kv":
+        return KVLayout(tuple(LayerKV(*s[k]) for k in kinds), (), s["window"],
+                        DTYPE_BYTES[dtype], hybrid=False)
+    return KVLayout(tuple(full), tuple(swa), s["window"], DTYPE_BYTES[dtype])
+
+
+def plan_pages(layout: KVLayout, cache: CacheConfig, context: int) -> tuple[int, int]:
+    """Split the byte budget into (full_pages, swa_pages).
+
+    Without an explicit `swa_share`, the split makes both pools run out together for
+    requests of `context` tokens (each holding context full tokens and window + page SWA
+    tokens), so neither pool is exhausted while the other still has room.
+    """
+    budget, page = cache.kv_cache_memory, cache.page_size
+    fb, sb = layout.full_bytes_per_token, layout.swa_bytes_per_token
+    if not layout.swa:
+        return budget // (fb * page), 0
+    if cache.swa_share is not None:
+        share = cache.swa_share
+    else:
+        swa_tokens = min(context, layout.window + page)
+        share = swa_tokens * sb / (context * fb + swa_tokens * sb)
+    full_pages = int(budget * (1 - share)) // (fb * page)
+    swa_pages = int(budget * share) // (sb * page)
+    if full_pages < 1 or swa_pages < 1:
+        raise ConfigError(f"kv_cache_memory={budget} bytes is too small for one page per pool")
+    return full_pages, swa_pages

