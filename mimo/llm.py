@@ -45,14 +45,19 @@ def engine_config(model: str, **opts: Any) -> EngineConfig:
 
 
 class LLM:
-    def __init__(self, model: str = "gemma-3-270m", progress: bool = True, **opts: Any):
-        self.engine = LLMEngine(engine_config(model, **opts), progress=progress)
+    def __init__(self, model: str = "gemma-3-270m", progress: bool = True, *,
+                 loaded=None, **opts: Any):
+        """`model`: a built-in name, a .gguf file or a Hugging Face directory. `loaded`: an
+        already loaded `registry.LoadedModel` (tiny test models built in code)."""
+        self.engine = LLMEngine(engine_config(model, **opts), loaded=loaded, progress=progress)
         self.tokenizer = self.engine.tokenizer
 
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt is empty")
+            if self.tokenizer is None:
+                raise RequestError("this model has no tokenizer; pass prompt_token_ids")
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict) and set(prompt) == {"prompt_token_ids"}:
             ids = prompt["prompt_token_ids"]
@@ -83,6 +88,7 @@ class LLM:
             for s in seqs:
                 self.engine.abort(s)
         return [GenerationOutput(text, ids, list(s.output_ids),
-                                 self.tokenizer.decode(s.output_ids), s.cached_tokens,
+                                 self.tokenizer.decode(s.output_ids) if self.tokenizer else "",
+                                 s.cached_tokens,
                                  s.finish_reason)
                 for (text, ids), s in zip(parsed, seqs)]

@@ -45,7 +45,8 @@ class LLMEngine:
         cc = config.cache
         layout = KVLayout.from_model(mc, rt.dtype, cc.layout)
         context = cc.planning_context or min(self.max_model_len, 8192)
-        full_pages, swa_pages = plan_pages(layout, cc, context)
+        full_pages, swa_pages = plan_pages(layout, cc, context,
+                                           chunk=config.scheduler.max_num_batched_tokens)
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
         self.scheduler = Scheduler(config.scheduler, self.pool)
         self.runner = ModelRunner(self.model, self.pool, mc.layer_types, mc.sliding_window, rt.device)
@@ -114,6 +115,29 @@ class LLMEngine:
             out.append((c.seq, t))
         self.scheduler.commit(chunks)
         return out
+
+    def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None) -> torch.Tensor:
+        """Logits at every prompt position [n, vocab], computed through the paged cache in
+        chunks of `chunk` tokens (default: one chunk). For scoring and reference checks; it
+        bypasses the scheduler, so call it on an idle engine."""
+        from .scheduler import ScheduledChunk
+        if self.scheduler.has_work():
+            raise RuntimeError("prompt_logits needs an idle engine")
+        if not prompt_ids or len(prompt_ids) > self.max_model_len:
+            raise RequestError("prompt must have 1..max_model_len tokens")
+        seq = Sequence(-1, list(prompt_ids), SamplingParams(max_tokens=1), self.eos_ids)
+        seq.kv = self.pool.new_seq()
+        chunk = chunk or len(prompt_ids)
+        out = []
+        try:
+            for start in range(0, len(prompt_ids), chunk):
+                n = min(chunk, len(prompt_ids) - start)
+                self.pool.grow(seq.kv, start + n)
+                out.append(self.runner.execute([ScheduledChunk(seq, start, n, True)], all_logits=True))
+                self.pool.release_window(seq.kv, start + n)
+        finally:
+            self.pool.free_seq(seq.kv)
+        return torch.cat(out)
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()

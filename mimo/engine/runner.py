@@ -30,8 +30,9 @@ class ModelRunner:
                 self.kv.append((pool.full.k(nf), pool.full.v(nf)))
                 nf += 1
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """Run one step. Returns float32 logits for the chunks with `sample` set, in order."""
+    def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
+        """Run one step. Returns float32 logits for the chunks with `sample` set, in order
+        (with `all_logits`, for every scheduled token instead: scoring and tests)."""
         ids, pos, spans, rows = [], [], [], []
         row = 0
         for c in chunks:
@@ -50,5 +51,5 @@ class ModelRunner:
         ctx = ForwardContext(self.kv, batches, self.backend)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.tensor(pos, dtype=torch.int64, device=dev)
-        logit_rows = torch.tensor(rows, dtype=torch.int64, device=dev)
+        logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
         return self.model(input_ids, positions, ctx, logit_rows)

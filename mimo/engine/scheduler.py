@@ -3,10 +3,12 @@
 Each step: every running request in decode gets its one token, then prefill chunks (running
 requests first, then newly admitted ones in queue order) fill the rest of the token budget.
 
-Admission reserves each request's worst case in both pools (full pages for prompt +
-max_tokens; SWA pages for window + chunk + one page). A running request can therefore always
-grow, so nothing deadlocks and no request dies mid-generation; a request that does not fit
-waits until running ones finish and free their pages.
+Admission reserves each request's worst case. Full pool: pages for prompt + max_tokens. SWA
+pool: every running request's steady window (window + one page), plus one step's transient
+prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the excess is
+released at the end of its step). So decode tokens can always grow, at least one prefill
+chunk fits every step, nothing deadlocks and no request dies mid-generation; a request that
+does not fit waits until running ones finish and free their pages.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
+from ..kvcache.layout import swa_steady_pages, swa_transient_pages
 from .sequence import Sequence, Status
 
 
@@ -39,28 +42,29 @@ class Scheduler:
 
     # ---- capacity -------------------------------------------------------------------
     def need(self, seq: Sequence) -> tuple[int, int]:
-        """Worst-case (full, SWA) pages the request may hold at once."""
-        full = _cdiv(seq.max_len, self.pool.page_size)
-        return full, self.pool.swa_pages_for(seq.max_len, self.cfg.max_num_batched_tokens)
+        """(full pages, steady SWA pages) the request may hold between steps."""
+        P = self.pool.page_size
+        full = _cdiv(seq.max_len, P)
+        swa = swa_steady_pages(self.pool.window, P, seq.max_len) if self.pool.hybrid else 0
+        return full, swa
+
+    @property
+    def _transient(self) -> int:
+        if not self.pool.hybrid:
+            return 0
+        return swa_transient_pages(self.cfg.max_num_batched_tokens, self.pool.page_size)
 
     def fits_empty_pool(self, seq: Sequence) -> bool:
         f, s = self.need(seq)
         return (f <= self.pool.full.allocator.capacity
-                and s <= self.pool.swa.allocator.capacity)
-
-    def _reserved(self) -> tuple[int, int]:
-        rf = rs = 0
-        for s in self.running:
-            f, w = self.need(s)
-            rf += max(0, f - len(s.kv.full_pages))
-            rs += max(0, w - s.kv.live_swa_pages())
-        return rf, rs
+                and s + self._transient <= self.pool.swa.allocator.capacity)
 
     def _can_admit(self, seq: Sequence) -> bool:
         f, s = self.need(seq)
-        rf, rs = self._reserved()
-        return (self.pool.full.allocator.num_free - rf >= f
-                and self.pool.swa.allocator.num_free - rs >= s)
+        outstanding_full = sum(max(0, self.need(r)[0] - len(r.kv.full_pages)) for r in self.running)
+        steady_swa = sum(self.need(r)[1] for r in self.running)
+        return (self.pool.full.allocator.num_free - outstanding_full >= f
+                and steady_swa + s + self._transient <= self.pool.swa.allocator.capacity)
 
     # ---- queue ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -78,9 +82,10 @@ class Scheduler:
                 budget -= 1
         for seq in self.running:
             if seq.in_prefill and budget > 0:
-                n = min(len(seq.prompt_ids) - seq.num_computed, budget)
-                out.append(self._chunk(seq, n))
-                budget -= n
+                n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
+                if n:
+                    out.append(self._chunk(seq, n))
+                    budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             seq = self.waiting[0]
             if not self._can_admit(seq):
@@ -89,10 +94,21 @@ class Scheduler:
             seq.kv = self.pool.new_seq()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = min(len(seq.prompt_ids) - seq.num_computed, budget)
-            out.append(self._chunk(seq, n))
-            budget -= n
+            n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
+            if n:
+                out.append(self._chunk(seq, n))
+                budget -= n
         return out
+
+    def _fit(self, seq: Sequence, n: int) -> int:
+        """Shrink a prefill chunk to the pages free right now (an earlier chunk of this step
+        may have used the transient SWA headroom); 0 means wait for the next step."""
+        P = self.pool.page_size
+        free = self.pool.full.allocator.num_free
+        if self.pool.hybrid:
+            free = min(free, self.pool.swa.allocator.num_free)
+        limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
+        return max(0, min(n, limit))
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
         start = seq.num_computed

@@ -53,10 +53,16 @@ class PageAllocator:
         self._state[pages] = IN_USE
         return pages
 
+    def _check_ids(self, pages: list[int]) -> None:
+        # numpy would wrap a negative id onto the last page and alias two ids to one page.
+        if any(not 0 <= p < self.capacity for p in pages):
+            raise ValueError(f"{self.name}: page id out of range in {pages[:8]}")
+
     def free(self, pages) -> None:
         pages = list(pages)
         if not pages:
             return
+        self._check_ids(pages)
         st = self._state[pages]
         if (st != IN_USE).any() or len(set(pages)) != len(pages):
             bad = [p for p, s in zip(pages, st) if s != IN_USE]
@@ -67,7 +73,8 @@ class PageAllocator:
     def park(self, pages) -> None:
         """IN_USE -> EVICTABLE: the prefix cache keeps the pages but may reclaim them."""
         pages = list(pages)
-        if (self._state[pages] != IN_USE).any():
+        self._check_ids(pages)
+        if (self._state[pages] != IN_USE).any() or len(set(pages)) != len(pages):
             raise DoubleFree(f"{self.name}: parking pages not in use")
         self._state[pages] = EVICTABLE
         self._evictable += len(pages)
@@ -75,7 +82,8 @@ class PageAllocator:
     def unpark(self, pages) -> None:
         """EVICTABLE -> IN_USE (a cache hit re-locks them)."""
         pages = list(pages)
-        if (self._state[pages] != EVICTABLE).any():
+        self._check_ids(pages)
+        if (self._state[pages] != EVICTABLE).any() or len(set(pages)) != len(pages):
             raise DoubleFree(f"{self.name}: unparking pages not evictable")
         self._state[pages] = IN_USE
         self._evictable -= len(pages)

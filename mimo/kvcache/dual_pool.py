@@ -52,7 +52,9 @@ class DualPool:
                                dtype, device, allocate)
         self.full_to_swa = (torch.full((full_pages * page_size,), -1, dtype=torch.int64)
                             if allocate and self.hybrid else None)
-        self._seqs: set[int] = set()   # ids of live SeqKV, to catch a leaked or foreign one
+        # Live SeqKVs by id. Holding the object keeps its id from being reused, so a sequence
+        # dropped without free_seq stays counted (a leak shows) and a foreign one is caught.
+        self._seqs: dict[int, SeqKV] = {}
 
     # ---- sizing questions the scheduler asks -------------------------------------------
     def pages_to_grow(self, seq: SeqKV, new_len: int) -> tuple[int, int]:
@@ -60,13 +62,6 @@ class DualPool:
         need = _cdiv(new_len, self.page_size) - len(seq.full_pages)
         need = max(need, 0)
         return need, (need if self.hybrid else 0)
-
-    def swa_pages_for(self, context: int, chunk: int) -> int:
-        """SWA pages a request may hold at once: window + chunk + one page of tokens."""
-        if not self.hybrid:
-            return 0
-        return min(_cdiv(context, self.page_size),
-                   _cdiv(self.window + chunk, self.page_size) + 1)
 
     def can_grow(self, seq: SeqKV, new_len: int, reserve: tuple[int, int] = (0, 0)) -> bool:
         f, s = self.pages_to_grow(seq, new_len)
@@ -76,7 +71,7 @@ class DualPool:
     # ---- page movement ----------------------------------------------------------------
     def new_seq(self) -> SeqKV:
         seq = SeqKV()
-        self._seqs.add(id(seq))
+        self._seqs[id(seq)] = seq
         return seq
 
     def grow(self, seq: SeqKV, new_len: int) -> None:
@@ -120,9 +115,9 @@ class DualPool:
 
     def free_seq(self, seq: SeqKV) -> None:
         """Return every page the sequence holds. A sequence is freed exactly once."""
-        if id(seq) not in self._seqs:
+        if self._seqs.get(id(seq)) is not seq:
             raise RuntimeError("freeing a sequence this pool does not own (double free?)")
-        self._seqs.discard(id(seq))
+        del self._seqs[id(seq)]
         live = [p for p in seq.swa_pages if p is not None]
         for p, sp in enumerate(seq.swa_pages):
             if sp is not None:

@@ -84,24 +84,47 @@ def shape_layout(name: str, dtype: str = "bfloat16", layout: str = "hybrid") -> 
     return KVLayout(tuple(full), tuple(swa), s["window"], DTYPE_BYTES[dtype])
 
 
-def plan_pages(layout: KVLayout, cache: CacheConfig, context: int) -> tuple[int, int]:
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def swa_steady_pages(window: int, page: int, context: int) -> int:
+    """SWA pages a request holds between steps once its window is released: positions
+    (len - window, len] span at most cdiv(window, page) + 1 pages."""
+    return min(_cdiv(context, page), _cdiv(window, page) + 1)
+
+
+def swa_transient_pages(chunk: int, page: int) -> int:
+    """Extra SWA pages a prefill chunk of `chunk` tokens needs during its step (released at
+    its end): the chunk's own pages plus one for a page boundary."""
+    return _cdiv(chunk, page) + 1 if chunk else 0
+
+
+def plan_pages(layout: KVLayout, cache: CacheConfig, context: int, chunk: int = 0
+               ) -> tuple[int, int]:
     """Split the byte budget into (full_pages, swa_pages).
 
-    Without an explicit `swa_share`, the split makes both pools run out together for
-    requests of `context` tokens (each holding context full tokens and window + page SWA
-    tokens), so neither pool is exhausted while the other still has room.
+    The SWA pool first gets the transient pages of one prefill chunk of `chunk` tokens (the
+    scheduler's step budget). Without an explicit `swa_share` the rest is split so that both
+    pools run out together for requests of `context` tokens (each holding cdiv(context, page)
+    full pages and `swa_steady_pages` SWA pages), so neither pool is exhausted while the other
+    still has room.
     """
     budget, page = cache.kv_cache_memory, cache.page_size
-    fb, sb = layout.full_bytes_per_token, layout.swa_bytes_per_token
+    fb, sb = layout.full_bytes_per_token * page, layout.swa_bytes_per_token * page
     if not layout.swa:
-        return budget // (fb * page), 0
+        return budget // fb, 0
+    extra = swa_transient_pages(chunk, page)
+    rest = budget - extra * sb
     if cache.swa_share is not None:
         share = cache.swa_share
     else:
-        swa_tokens = min(context, layout.window + page)
-        share = swa_tokens * sb / (context * fb + swa_tokens * sb)
-    full_pages = int(budget * (1 - share)) // (fb * page)
-    swa_pages = int(budget * share) // (sb * page)
+        f, w = _cdiv(context, page), swa_steady_pages(layout.window, page, context)
+        share = w * sb / (f * fb + w * sb)
+    # Round the SWA side up (a pool one page short of a request's window admits nobody)
+    # and give the full pool whatever is left, so the total never exceeds the budget.
+    swa_pages = _cdiv(int(rest * share), sb) + extra if rest > 0 else 0
+    full_pages = (budget - swa_pages * sb) // fb if rest > 0 else 0
     if full_pages < 1 or swa_pages < 1:
         raise ConfigError(f"kv_cache_memory={budget} bytes is too small for one page per pool")
     return full_pages, swa_pages

@@ -9,8 +9,9 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
+
+from .gguf_file import GGUFFile
 
 _GEMMA3_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -22,62 +23,52 @@ _GEMMA3_NAMES = {
 }
 
 
-def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
-
-
-def open_gguf(path: str | Path):
-    import gguf
+def open_gguf(path: str | Path) -> GGUFFile:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"model file not found: {p}")
     try:
-        return gguf.GGUFReader(str(p))
-    except Exception as e:  # noqa: BLE001 - any parse failure means the file is unusable
+        return GGUFFile(p)
+    except (OSError, ValueError) as e:
         raise ValueError(f"cannot read GGUF file {p}: {e}") from e
 
 
-def gguf_hf_config(reader) -> dict:
-    arch = _field(reader, "general.architecture")
+def gguf_hf_config(f: GGUFFile) -> dict:
+    md = f.metadata
+    arch = md.get("general.architecture")
     if arch != "gemma3":
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: gemma3)")
-    a = arch
-    n = int(_field(reader, f"{a}.block_count"))
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    return {
-        "model_type": "gemma3_text", "vocab_size": vocab,
-        "hidden_size": int(_field(reader, f"{a}.embedding_length")),
-        "intermediate_size": int(_field(reader, f"{a}.feed_forward_length")),
-        "num_hidden_layers": n,
-        "num_attention_heads": int(_field(reader, f"{a}.attention.head_count")),
-        "num_key_value_heads": int(_field(reader, f"{a}.attention.head_count_kv")),
-        "head_dim": int(_field(reader, f"{a}.attention.key_length")),
-        "sliding_window": int(_field(reader, f"{a}.attention.sliding_window")),
-        "rms_norm_eps": float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon")),
-        "rope_theta": float(_field(reader, f"{a}.rope.freq_base", 1_000_000.0)),
-        # Not stored in GGUF; every Gemma 3 checkpoint uses 10k for local layers.
-        "rope_local_base_freq": 10_000.0,
-        "max_position_embeddings": int(_field(reader, f"{a}.context_length")),
-        "query_pre_attn_scalar": int(_field(reader, f"{a}.attention.key_length")),
-        "bos_token_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_token_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "tie_word_embeddings": not any(t.name == "output.weight" for t in reader.tensors),
-    }
+    try:
+        a = arch
+        hd = int(md[f"{a}.attention.key_length"])
+        return {
+            "model_type": "gemma3_text", "vocab_size": len(md["tokenizer.ggml.tokens"]),
+            "hidden_size": int(md[f"{a}.embedding_length"]),
+            "intermediate_size": int(md[f"{a}.feed_forward_length"]),
+            "num_hidden_layers": int(md[f"{a}.block_count"]),
+            "num_attention_heads": int(md[f"{a}.attention.head_count"]),
+            "num_key_value_heads": int(md[f"{a}.attention.head_count_kv"]),
+            "head_dim": hd,
+            "sliding_window": int(md[f"{a}.attention.sliding_window"]),
+            "rms_norm_eps": float(md[f"{a}.attention.layer_norm_rms_epsilon"]),
+            "rope_theta": float(md.get(f"{a}.rope.freq_base", 1_000_000.0)),
+            # Not stored in GGUF; every Gemma 3 checkpoint uses 10k for local layers.
+            "rope_local_base_freq": 10_000.0,
+            "max_position_embeddings": int(md[f"{a}.context_length"]),
+            "query_pre_attn_scalar": hd,
+            "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+            "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
+            "tie_word_embeddings": "output.weight" not in f.tensors,
+        }
+    except KeyError as e:
+        raise ValueError(f"{f.path}: GGUF metadata lacks {e.args[0]}") from e
 
 
-def gguf_weights(reader, progress: bool = True) -> dict[str, torch.Tensor]:
-    from gguf.quants import dequantize
+def gguf_weights(f: GGUFFile, progress: bool = True) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
-    tensors = list(reader.tensors)
-    bar = _progress(len(tensors), "loading weights", progress)
-    for t in tensors:
-        arr = dequantize(t.data, t.tensor_type)
-        arr = np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-        w = torch.from_numpy(arr.copy())
+    bar = _progress(len(f.tensors), "loading weights", progress)
+    for t in f.tensors.values():
+        w = f.dequantize(t)
         name = _hf_name(t.name)
         if name.endswith("norm.weight"):
             w = w - 1.0

@@ -60,10 +60,13 @@ def load(name: str, progress: bool = True) -> LoadedModel:
     path = resolve(name)
     if path.is_file():
         from .gguf_loader import gguf_hf_config, gguf_weights, open_gguf
-        reader = open_gguf(path)
-        cfg = model_config_from_hf(gguf_hf_config(reader))
-        weights = gguf_weights(reader, progress)
-        tok = Tokenizer.from_gguf(reader)
+        f = open_gguf(path)
+        try:
+            cfg = model_config_from_hf(gguf_hf_config(f))
+            tok = Tokenizer.from_gguf(f.metadata)
+            weights = gguf_weights(f, progress)
+        finally:
+            f.close()
     else:
         from .hf_loader import hf_weights
         try:

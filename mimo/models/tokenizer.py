@@ -8,9 +8,7 @@ importing transformers: it takes ~20 s on a 262k vocabulary, this takes a few se
 from __future__ import annotations
 
 import json
-import mmap
 import os
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
+
+from .gguf_file import read_gguf_metadata
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 _SPIECE = "\u2581"
@@ -37,56 +37,6 @@ _PRE_SPLITS = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "f
                                  "smaug-bpe", "lfm2"), _LLAMA3),
                **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2), "gpt-4o": _GPT4O, "llama4": _GPT4O}
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-def read_gguf_metadata(path: str | os.PathLike) -> dict[str, Any]:
-    """The key/value section of a GGUF file, stopping before the tensor table.
-
-    `gguf.GGUFReader` also parses every tensor and takes ~10 s on the default model; we need only this.
-    """
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        if buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file (bad magic bytes)")
-        version, _, n_kv = struct.unpack_from("<IQQ", buf, 4)
-        if version not in (2, 3):
-            raise ValueError(f"{path}: GGUF version {version} is not supported (need 2 or 3)")
-        pos, out = 24, {}
-
-        def string(pos: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", buf, pos)
-            return buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"), pos + 8 + n
-
-        def value(kind: int, pos: int) -> tuple[Any, int]:
-            if kind in _SCALARS:
-                return struct.unpack_from(_SCALARS[kind], buf, pos)[0], pos + struct.calcsize(_SCALARS[kind])
-            if kind == 8:
-                return string(pos)
-            if kind != 9:
-                raise ValueError(f"{path}: unknown GGUF metadata type {kind}")
-            item, count = struct.unpack_from("<IQ", buf, pos)
-            pos += 12
-            if item in _SCALARS:
-                fmt = f"<{count}{_SCALARS[item][1]}"
-                return list(struct.unpack_from(fmt, buf, pos)), pos + struct.calcsize(fmt)
-            items = []
-            if item == 8:  # the vocabulary: inlined, as this loop is most of the read time
-                unpack = struct.Struct("<Q").unpack_from
-                for _ in range(count):
-                    (n,) = unpack(buf, pos)
-                    items.append(buf[pos + 8:pos + 8 + n].decode("utf-8", errors="replace"))
-                    pos += 8 + n
-                return items, pos
-            for _ in range(count):
-                v, pos = value(item, pos)
-                items.append(v)
-            return items, pos
-
-        for _ in range(n_kv):
-            key, pos = string(pos)
-            (kind,) = struct.unpack_from("<I", buf, pos)
-            out[key], pos = value(kind, pos + 4)
-        return out
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -1,0 +1,86 @@
+"""Command line: `python -m mimo generate "prompt"`."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .config import ConfigError
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Engine flags shared by every command that loads a model; each maps 1:1 to a config
+    field (mimo/config.py)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="gemma-3-270m",
+                   help="built-in name (gemma-3-270m), a .gguf file, or a Hugging Face directory")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="activation and KV dtype (float32 reproduces reference numerics)")
+    g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                   help="int8 weight copies for small-batch matmuls (auto: on for CPU bfloat16)")
+    g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
+    g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    g.add_argument("--swa-share", type=float, default=None,
+                   help="fraction of the KV budget for the SWA pool (default: from model shapes)")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="token budget of one step (prefill chunk size)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--device", default="cpu")
+
+
+def engine_opts(a: argparse.Namespace) -> dict:
+    return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
+                page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
+                max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+                num_threads=a.threads, device=a.device)
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from . import LLM, SamplingParams
+    llm = LLM(a.model, **engine_opts(a))
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_p=a.top_p,
+                            top_k=a.top_k, seed=a.seed)
+    eng, tok = llm.engine, llm.tokenizer
+    seq = eng.add_request(tok.encode(a.prompt), params)
+    printed = ""
+    t0 = time.perf_counter()
+    sys.stdout.write(a.prompt)
+    while seq.finish_reason is None:
+        eng.step()
+        text = tok.decode(seq.output_ids)
+        # A multi-byte character may be split across tokens: hold back a trailing U+FFFD.
+        stable = text.rstrip("\ufffd") if seq.finish_reason is None else text
+        if stable.startswith(printed):
+            sys.stdout.write(stable[len(printed):])
+            sys.stdout.flush()
+            printed = stable
+    dt = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    print(f"[{len(seq.output_ids)} tokens in {dt:.2f}s, {len(seq.output_ids) / dt:.1f} tokens/s, "
+          f"finish: {seq.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mimo", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="generate a continuation of a prompt")
+    g.add_argument("prompt")
+    g.add_argument("--max-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=None)
+    add_engine_flags(g)
+    a = p.parse_args(argv)
+    try:
+        return _generate(a)
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

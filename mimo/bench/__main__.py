@@ -1,0 +1,39 @@
+"""`python -m mimo.bench <command> ...`: one subcommand per module.
+
+Each module in COMMANDS defines
+    add_parser(subparsers) -> argparse.ArgumentParser   # subparsers.add_parser(name, ...)
+    run(args) -> int | None                             # exit status (None means 0)
+Modules are imported here only, so a benchmark with heavy imports (torch models) costs
+nothing to the others beyond its import.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Add new benchmarks here (module path relative to this package), one per line.
+COMMANDS = [
+    ".kv_capacity",      # kv-capacity: requests per KV budget, hybrid vs full-kv
+    # ".generate",       # generate: tokens/s of the engine (to be added)
+    # ".cache_sim",      # cache-sim: prefix-cache hit rates (to be added)
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mimo.bench", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        mod = importlib.import_module(name, __package__)
+        sub = mod.add_parser(subparsers)
+        sub.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args._run(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
