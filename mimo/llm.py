@@ -68,7 +68,7 @@ class LLM:
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] | None = None
                  ) -> list[GenerationOutput]:
-        if isinstance(prompts, (str, dict)):
+        if isinstance(prompts, (str, dict)) or not isinstance(prompts, Iterable):
             prompts = [prompts]
         prompts = list(prompts)
         if params is None:

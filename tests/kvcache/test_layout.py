@@ -103,9 +103,9 @@ def test_plan_fills_both_pools_together(name, budget_mib, page, ctx, chunk):
                             chunk=chunk)
     except ConfigError:
         # Budget below one page per pool (after the chunk's transient SWA pages): refusing is
-        # the documented answer, and only then.
+        # the documented answer (when it may refuse is pinned by test_plan_refuses_only_...).
         assert budget < page * ((_transient(chunk, page) + 1) * lay.swa_bytes_per_token
-                                + lay.full_bytes_per_token) * 2
+                                + lay.full_bytes_per_token) * 10
         return
     assert fp >= 1 and sp >= 1
     assert _bytes_used(lay, fp, sp, page) <= budget
@@ -117,7 +117,14 @@ def test_plan_fills_both_pools_together(name, budget_mib, page, ctx, chunk):
     extra = _transient(chunk, page)
     assert sp > extra
     per_req_full, per_req_swa = _per_request_pages(lay, ctx, page)
-    assert abs(fp // per_req_full - (sp - extra) // per_req_swa) <= 1
+    # Rounding each pool to whole pages may move up to one SWA page's bytes (sbp / fbp full
+    # pages) and one full page between them: more than a request's worth only when requests
+    # are that small (a page or two of context); for real contexts the slack is 1.
+    sbp, fbp = page * lay.swa_bytes_per_token, page * lay.full_bytes_per_token
+    slack = math.floor(1 + (sbp / fbp + 1) / per_req_full + 1 / per_req_swa)
+    if per_req_full >= 64:
+        assert slack == 1
+    assert abs(fp // per_req_full - (sp - extra) // per_req_swa) <= slack
 
 
 @pytest.mark.parametrize("name,ctx", [("gemma-3-270m", 1000), ("gemma-3-270m", 700),
@@ -161,12 +168,15 @@ def test_plan_chunk_reserves_transient_swa_pages():
             rest = budget - extra * sbp
             f, w = _per_request_pages(lay, ctx, page)
             share = w * sbp / (f * fbp + w * sbp)
-            assert fp == int(rest * (1 - share)) // fbp
-            assert sp == int(rest * share) // sbp + extra
+            # Whole pages: each pool within a page (and the other pool's rounding) of its share.
+            assert abs(sp - extra - rest * share / sbp) <= 1
+            assert abs(fp - rest * (1 - share) / fbp) <= 1 + sbp / fbp
+            assert _bytes_used(lay, fp, sp, page) <= budget
             # chunk=0 (the default) reserves nothing.
             f0, s0 = plan_pages(lay, cc, ctx)
             assert (f0, s0) == plan_pages(lay, cc, ctx, chunk=0)
-            assert f0 == int(budget * (1 - share)) // fbp and s0 == int(budget * share) // sbp
+            assert abs(s0 - budget * share / sbp) <= 1
+            assert abs(f0 - budget * (1 - share) / fbp) <= 1 + sbp / fbp
             assert sp > s0 and fp < f0
     # Full-kv: no SWA pool, so no transient reserve either.
     fk = shape_layout("mimo-v2-flash", layout="full-kv")
@@ -214,6 +224,40 @@ def test_plan_with_swa_share(name, budget_mib, share):
     assert _bytes_used(lay, fp, sp, 16) <= budget
     swa_bytes = sp * 16 * lay.swa_bytes_per_token
     assert abs(swa_bytes - share * budget) <= 16 * lay.swa_bytes_per_token + 1
+
+
+@pytest.mark.xfail(strict=True, reason="BUG plan_pages with an explicit swa_share and chunk > 0: "
+                   "the SWA pool gets share * (budget - transient) + transient pages, not the "
+                   "`fraction of the budget` CacheConfig.swa_share and --swa-share document "
+                   "(gemma-3-270m, 2GiB, share 0.5, chunk 2048: 64.5 pages over half the budget)")
+@pytest.mark.parametrize("name", ["gemma-3-270m", "mimo-v2-flash"])
+@pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
+def test_plan_swa_share_is_fraction_of_whole_budget(name, share):
+    lay, page, budget = shape_layout(name), 16, 2 * 2**30
+    cc = CacheConfig(page_size=page, kv_cache_memory=budget, swa_share=share)
+    fp, sp = plan_pages(lay, cc, 8192, chunk=2048)
+    assert _bytes_used(lay, fp, sp, page) <= budget
+    assert abs(sp * page * lay.swa_bytes_per_token - share * budget) \
+        <= page * lay.swa_bytes_per_token + 1
+
+
+@pytest.mark.xfail(strict=True, reason="BUG plan_pages rounds the SWA share up to whole pages "
+                   "and gives the full pool what is left, so a small budget whose floor split is "
+                   "valid is refused: mimo-v2-flash, 105MiB, page 64, context 1, chunk 100 wants "
+                   "9 SWA pages (115MB > budget) where (5 full, 8 SWA) fits")
+@pytest.mark.parametrize("name,mib,page,ctx,chunk", [
+    ("mimo-v2-flash", 105, 64, 1, 100), ("gemma-3-270m", 8, 16, 1000, 512)])
+def test_plan_refuses_only_below_a_page_per_pool(name, mib, page, ctx, chunk):
+    lay, budget = shape_layout(name), mib * 2**20
+    sbp, fbp = page * lay.swa_bytes_per_token, page * lay.full_bytes_per_token
+    extra = _transient(chunk, page)
+    rest = budget - extra * sbp
+    f, w = _per_request_pages(lay, ctx, page)
+    share = w * sbp / (f * fbp + w * sbp)
+    assert int(rest * (1 - share)) // fbp >= 1 and int(rest * share) // sbp >= 1  # a split fits
+    fp, sp = plan_pages(lay, CacheConfig(page_size=page, kv_cache_memory=budget), ctx,
+                        chunk=chunk)
+    assert fp >= 1 and sp > extra and _bytes_used(lay, fp, sp, page) <= budget
 
 
 def test_plan_full_kv_and_too_small():
