@@ -15,7 +15,7 @@ import sys
 # Add new benchmarks here (module path relative to this package), one per line.
 COMMANDS = [
     ".kv_capacity",      # kv-capacity: requests per KV budget, hybrid vs full-kv
-    # ".generate",       # generate: tokens/s of the engine (to be added)
+    ".generate",         # generate: decode tokens/s, mimo vs transformers vs llama.cpp
     # ".cache_sim",      # cache-sim: prefix-cache hit rates (to be added)
 ]
 

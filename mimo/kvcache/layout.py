@@ -104,9 +104,10 @@ def plan_pages(layout: KVLayout, cache: CacheConfig, context: int, chunk: int = 
                ) -> tuple[int, int]:
     """Split the byte budget into (full_pages, swa_pages).
 
-    The SWA pool first gets the transient pages of one prefill chunk of `chunk` tokens (the
-    scheduler's step budget). Without an explicit `swa_share` the rest is split so that both
-    pools run out together for requests of `context` tokens (each holding cdiv(context, page)
+    With an explicit `swa_share`, that fraction of the whole budget goes to the SWA pool.
+    Otherwise the SWA pool first gets the transient pages of one prefill chunk of `chunk`
+    tokens (the scheduler's step budget) and the rest is split so that both pools run out
+    together for requests of `context` tokens (each holding cdiv(context, page)
     full pages and `swa_steady_pages` SWA pages), so neither pool is exhausted while the other
     still has room.
     """
@@ -114,17 +115,19 @@ def plan_pages(layout: KVLayout, cache: CacheConfig, context: int, chunk: int = 
     fb, sb = layout.full_bytes_per_token * page, layout.swa_bytes_per_token * page
     if not layout.swa:
         return budget // fb, 0
-    extra = swa_transient_pages(chunk, page)
-    rest = budget - extra * sb
     if cache.swa_share is not None:
-        share = cache.swa_share
+        # An explicit share is of the whole budget; the operator owns the transient headroom.
+        swa_pages = int(budget * cache.swa_share) // sb
+        full_pages = int(budget * (1 - cache.swa_share)) // fb
     else:
+        extra = swa_transient_pages(chunk, page)
+        rest = budget - extra * sb
         f, w = _cdiv(context, page), swa_steady_pages(layout.window, page, context)
         share = w * sb / (f * fb + w * sb)
-    # Round the SWA side up (a pool one page short of a request's window admits nobody)
-    # and give the full pool whatever is left, so the total never exceeds the budget.
-    swa_pages = _cdiv(int(rest * share), sb) + extra if rest > 0 else 0
-    full_pages = (budget - swa_pages * sb) // fb if rest > 0 else 0
+        # Nearest whole page on the SWA side (never below one request's window), the rest to
+        # the full pool, so the total never exceeds the budget.
+        swa_pages = extra + max(round(rest * share / sb), min(w, rest // sb)) if rest > 0 else 0
+        full_pages = (budget - swa_pages * sb) // fb if rest > 0 else 0
     if full_pages < 1 or swa_pages < 1:
         raise ConfigError(f"kv_cache_memory={budget} bytes is too small for one page per pool")
     return full_pages, swa_pages

@@ -47,7 +47,7 @@ def test_requests_wait_for_a_full_pool(loaded, roomy, which):
     want, roomy_running, _ = roomy
     assert roomy_running == 6
     # Shrink one pool until only about two requests fit at once; the other stays roomy.
-    share = 0.96 if which == "full" else 0.06
+    share = 0.96 if which == "full" else 0.1
     llm = LLM("tiny", loaded=loaded, dtype="float32", kv_cache_memory="2MiB", page_size=8,
               swa_share=share, max_num_batched_tokens=64)
     pool = llm.engine.pool

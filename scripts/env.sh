@@ -1,0 +1,22 @@
+# Sourced by run.sh and test.sh: make a virtual environment with mimo installed.
+# Uses the active virtualenv if there is one, else ./.venv (created on first use).
+# MIMO_EXTRAS selects optional dependency groups (test, bench).
+set -euo pipefail
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    # shellcheck disable=SC1091
+    . .venv/bin/activate
+fi
+extras="${MIMO_EXTRAS:-}"
+stamp="$VIRTUAL_ENV/.mimo-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-${extras//,/_}"
+if [ ! -f "$stamp" ]; then
+    if ! python -c "import torch" 2>/dev/null; then
+        # Only when no torch is importable: a GPU user's CUDA build is never replaced. The
+        # exact pin keeps pip from resolving the newest (CUDA, multi-GB) release; on a
+        # CPU-only machine elsewhere, point PIP_INDEX_URL at a CPU wheel index first.
+        python -m pip install --quiet "torch==2.13.0"
+    fi
+    python -m pip install --quiet -e ".${extras:+[$extras]}"
+    touch "$stamp"
+fi
+export HF_HUB_OFFLINE=1
