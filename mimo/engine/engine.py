@@ -100,14 +100,14 @@ class LLMEngine:
             return []
         sampled = [c for c in chunks if c.sample]
         try:
-            logits = self.runner.execute(chunks)
+            hidden = self.runner.execute(chunks)
         except Exception:
             # A failed forward leaves nothing allocated for the requests it carried.
             for c in chunks:
                 c.seq.finish_reason = "error"
                 self.scheduler.finish(c.seq)
             raise
-        tokens = sample(logits, [c.seq.params for c in sampled],
+        tokens = sample(self.model.lm_head, hidden, [c.seq.params for c in sampled],
                         [c.seq.generator for c in sampled])
         out = []
         for c, t in zip(sampled, tokens):
@@ -133,7 +133,8 @@ class LLMEngine:
             for start in range(0, len(prompt_ids), chunk):
                 n = min(chunk, len(prompt_ids) - start)
                 self.pool.grow(seq.kv, start + n)
-                out.append(self.runner.execute([ScheduledChunk(seq, start, n, True)], all_logits=True))
+                h = self.runner.execute([ScheduledChunk(seq, start, n, True)], all_logits=True)
+                out.append(self.model.lm_head.logits(h))
                 self.pool.release_window(seq.kv, start + n)
         finally:
             self.pool.free_seq(seq.kv)

@@ -31,8 +31,8 @@ class ModelRunner:
                 nf += 1
 
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
-        """Run one step. Returns float32 logits for the chunks with `sample` set, in order
-        (with `all_logits`, for every scheduled token instead: scoring and tests)."""
+        """Run one step. Returns final hidden states for the chunks with `sample` set, in
+        order (with `all_logits`, for every scheduled token instead: scoring and tests)."""
         ids, pos, spans, rows = [], [], [], []
         row = 0
         for c in chunks:

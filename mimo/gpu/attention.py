@@ -29,8 +29,9 @@ class AttnBatch:
     write_slots: torch.Tensor             # [T] slot of each new token's K/V
     decode_rows: torch.Tensor | None      # [B] rows of single-token sequences
     decode_slots: torch.Tensor | None     # [B, L] slots read by each (padded)
-    decode_mask: torch.Tensor | None      # [B, 1, 1, L] additive (0 or -inf)
+    decode_mask: torch.Tensor | None      # [B, 1, 1, L] additive (0 or -inf); None: no padding
     prefills: list[PrefillSpan]
+    all_decode: bool = False              # every row is a decode row, in order
 
 
 def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:
@@ -56,15 +57,21 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device)))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
     if dec_rows:
-        L = max(len(s) for s in dec_slots)
-        idx = torch.zeros(len(dec_slots), L, dtype=torch.int64)
-        mask = torch.full((len(dec_slots), 1, 1, L), float("-inf"), dtype=mask_dtype)
-        for i, s in enumerate(dec_slots):
-            idx[i, :len(s)] = s
-            mask[i, 0, 0, :len(s)] = 0.0
+        lens = [len(s) for s in dec_slots]
+        L = max(lens)
+        if min(lens) == L:
+            idx, mask = torch.stack(dec_slots), None
+        else:
+            idx = torch.zeros(len(dec_slots), L, dtype=torch.int64)
+            mask = torch.full((len(dec_slots), 1, 1, L), float("-inf"), dtype=mask_dtype)
+            for i, s in enumerate(dec_slots):
+                idx[i, :len(s)] = s
+                mask[i, 0, 0, :len(s)] = 0.0
+            mask = mask.to(device)
         batch.decode_rows = torch.tensor(dec_rows, dtype=torch.int64, device=device)
         batch.decode_slots = idx.to(device)
-        batch.decode_mask = mask.to(device)
+        batch.decode_mask = mask
+        batch.all_decode = not prefills and dec_rows == list(range(len(dec_rows)))
     return batch
 
 
@@ -94,23 +101,47 @@ def _sdpa(q, k, v, mask, scale, sinks):
     return torch.matmul(p, v.float()).to(q.dtype)
 
 
+def _decode_attention(q, k, v, mask, scale, sinks):
+    """One query per sequence. q [B, Hq, D], k [B, L, Hkv, D], v [B, L, Hkv, Dv], additive
+    mask [B, 1, 1, L]. Two batched matmuls: SDPA's CPU kernels tile for long queries and are
+    several times slower for a single one."""
+    B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    qg = q.view(B, Hkv, Hq // Hkv, D)
+    s = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale       # [B, Hkv, rep, L]
+    if mask is not None:
+        s = s + mask.view(B, 1, 1, -1).float()
+    if sinks is not None:
+        sk = sinks.float().view(1, Hkv, Hq // Hkv, 1).expand(B, -1, -1, 1)
+        p = torch.softmax(torch.cat([s, sk], dim=-1), dim=-1)[..., :-1]
+    else:
+        p = torch.softmax(s, dim=-1)
+    o = torch.matmul(p.to(v.dtype), v.permute(0, 2, 1, 3))                  # [B, Hkv, rep, Dv]
+    return o.reshape(B, Hq, -1)
+
+
 class TorchAttention(AttentionBackend):
     """Reference backend on any device: gather the keys of each sequence, then SDPA."""
 
     def forward(self, q, k, v, k_cache, v_cache, batch, scale, sinks=None):
         k_cache.index_copy_(0, batch.write_slots, k)
         v_cache.index_copy_(0, batch.write_slots, v)
+        if batch.all_decode:
+            B, L = batch.decode_slots.shape
+            flat = batch.decode_slots.reshape(-1)
+            kd = k_cache.index_select(0, flat).view(B, L, *k_cache.shape[1:])
+            vd = v_cache.index_select(0, flat).view(B, L, *v_cache.shape[1:])
+            return _decode_attention(q, kd, vd, batch.decode_mask, scale, sinks)
         out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
         if batch.decode_rows is not None:
-            qd = q.index_select(0, batch.decode_rows).unsqueeze(2)          # [B, Hq, 1, D]
             B, L = batch.decode_slots.shape
             flat = batch.decode_slots.reshape(-1)
             # index_select, not advanced indexing: the latter is erratically slow on CPU.
-            kd = k_cache.index_select(0, flat).view(B, L, *k_cache.shape[1:]).transpose(1, 2)
-            vd = v_cache.index_select(0, flat).view(B, L, *v_cache.shape[1:]).transpose(1, 2)
-            mask = batch.decode_mask.to(q.dtype)
-            od = _sdpa(qd, kd, vd, mask if sinks is None else mask == 0, scale, sinks)
-            out.index_copy_(0, batch.decode_rows, od.squeeze(2))
+            kd = k_cache.index_select(0, flat).view(B, L, *k_cache.shape[1:])
+            vd = v_cache.index_select(0, flat).view(B, L, *v_cache.shape[1:])
+            od = _decode_attention(q.index_select(0, batch.decode_rows), kd, vd,
+                                   batch.decode_mask, scale, sinks)
+            out.index_copy_(0, batch.decode_rows, od)
         for span in batch.prefills:
             qp = q[span.rows].transpose(0, 1).unsqueeze(0)                    # [1, Hq, n, D]
             kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)

@@ -24,8 +24,20 @@ def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: in
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
-def sample(logits: torch.Tensor, params: list, generators: list) -> list[int]:
-    if all(p.temperature == 0 for p in params):
-        return torch.argmax(logits, dim=-1).tolist()
-    return [sample_row(logits[i], p.temperature, p.top_p, p.top_k, g)
-            for i, (p, g) in enumerate(zip(params, generators))]
+def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[int]:
+    """One token per row of `hidden`. `head` has `logits(h)` (float32) and `greedy(h)` (the
+    argmax token ids, possibly without materialising every logit)."""
+    greedy = [i for i, p in enumerate(params) if p.temperature == 0]
+    out: list[int] = [0] * len(params)
+    if greedy:
+        rows = greedy if len(greedy) < len(params) else slice(None)
+        h = hidden[rows] if isinstance(rows, slice) else hidden[torch.tensor(rows)]
+        for i, t in zip(greedy, head.greedy(h)):
+            out[i] = t
+    rest = [i for i, p in enumerate(params) if p.temperature != 0]
+    if rest:
+        logits = head.logits(hidden[torch.tensor(rest)])
+        for j, i in enumerate(rest):
+            p = params[i]
+            out[i] = sample_row(logits[j], p.temperature, p.top_p, p.top_k, generators[i])
+    return out

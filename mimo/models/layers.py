@@ -36,37 +36,48 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Gemma-style RMSNorm: computed in float32, scaled by (1 + w)."""
+    """Gemma-style RMSNorm: computed in float32, scaled by (1 + w). `weight` may be [dim] or,
+    for per-head norms applied to several heads' stacked rows at once, [heads, dim]."""
 
     def __init__(self, dim: int, eps: float, weight: torch.Tensor | None = None):
         super().__init__()
+        self.dim = dim
         self.eps = eps
-        self.weight = nn.Parameter(torch.zeros(dim) if weight is None else weight, requires_grad=False)
+        w = torch.zeros(dim) if weight is None else weight
+        self.scale = nn.Parameter(1.0 + w.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+        if self.scale.dim() == 1:
+            return F.rms_norm(x.float(), (self.dim,), self.scale, self.eps).to(x.dtype)
+        return (F.rms_norm(x.float(), (self.dim,), None, self.eps) * self.scale).to(x.dtype)
 
 
 class Rotary(nn.Module):
-    """Non-interleaved (rotate-half) RoPE with a precomputed cos/sin table."""
+    """Non-interleaved (rotate-half) RoPE. `tables(positions)` is computed once per forward
+    and shared by every layer of a kind; `apply` is then three elementwise ops."""
 
-    def __init__(self, dim: int, theta: float, max_pos: int, scaling: float = 1.0):
+    def __init__(self, dim: int, theta: float, max_pos: int, scaling: float = 1.0,
+                 dtype: torch.dtype = torch.float32):
         super().__init__()
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         inv = inv / scaling
-        t = torch.arange(max_pos, dtype=torch.float32)
-        freqs = torch.outer(t, inv)
+        freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
         emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        # sin with the rotate-half sign folded in: rot(x) * sin == flip_halves(x) * sin_signed
+        sin = emb.sin()
+        sin[:, : dim // 2] *= -1
+        # Tables in the model dtype, as transformers casts cos/sin to the activations' dtype.
+        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
+        self.register_buffer("sin", sin.to(dtype), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: [T, heads, dim], positions: [T]."""
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin.index_select(0, positions).unsqueeze(1)
-        xf = x.float()
-        h = xf.shape[-1] // 2
-        rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
-        return (xf * cos + rot * sin).to(x.dtype)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (self.cos.index_select(0, positions).unsqueeze(1),
+                self.sin.index_select(0, positions).unsqueeze(1))
+
+    @staticmethod
+    def apply(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x: [T, heads, dim]."""
+        cos, sin = tables
+        T, H, D = x.shape
+        swapped = x.reshape(T, H, 2, D // 2).flip(2).reshape(T, H, D)
+        return x * cos + swapped * sin

@@ -51,10 +51,27 @@ def test_top_p_keeps_smallest_prefix_reaching_p():
     assert _chi2_ok(_freq(n, temperature=1.0, top_p=0.7, top_k=0), want / want.sum(), n)
 
 
+class _Head:
+    """Hidden states are the logits themselves."""
+    def logits(self, h):
+        return h.float()
+
+    def greedy(self, h):
+        return torch.argmax(h, dim=-1).tolist()
+
+
 def test_greedy_is_argmax_and_ignores_generator():
     assert sample_row(LOGITS, 0.0, 0.5, 2, None) == 0
     logits = torch.stack([LOGITS, LOGITS.flip(0)])
-    assert sample(logits, [SamplingParams(temperature=0)] * 2, [None, None]) == [0, 5]
+    assert sample(_Head(), logits, [SamplingParams(temperature=0)] * 2, [None, None]) == [0, 5]
+
+
+def test_mixed_batch_routes_rows_to_their_rule():
+    logits = torch.stack([LOGITS, LOGITS.flip(0), LOGITS])
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=1.0, top_k=1),
+              SamplingParams(temperature=0)]
+    gens = [None, torch.Generator().manual_seed(0), None]
+    assert sample(_Head(), logits, params, gens) == [0, 5, 0]
 
 
 def test_seeded_sampling_is_reproducible():
