@@ -81,3 +81,25 @@ def long_prompt_ids(tok, n: int) -> list[int]:
     ids = tok.encode(text)
     assert len(ids) >= n, "not enough text for the requested prompt length"
     return ids[:n]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(tmp_path_factory):
+    """A complete tiny Hugging Face checkpoint on disk: config.json, safetensors, and a small
+    BPE tokenizer.json trained here. Returns (directory, the transformers model)."""
+    import json
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    d = tmp_path_factory.mktemp("tiny_gemma3")
+    model = tiny_gemma3_hf(seed=11)
+    model.save_pretrained(d, safe_serialization=True)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world, hello mimo"] * 50
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "add_bos_token": True}))
+    return d, model

@@ -1,30 +1,13 @@
 """Loading a Hugging Face directory (config.json + safetensors + tokenizer.json)."""
-import json
-
 import pytest
 import torch
 
-from conftest import tiny_gemma3_hf
 from mimo import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
-    d = tmp_path_factory.mktemp("tiny_gemma3")
-    model = tiny_gemma3_hf(seed=11)
-    model.save_pretrained(d, safe_serialization=True)
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog"] * 50 + ["hello world, hello mimo"] * 50
-    tok.train_from_iterator(corpus, trainers.BpeTrainer(
-        vocab_size=400, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tok.save(str(d / "tokenizer.json"))
-    (d / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "add_bos_token": True}))
-    return d, model
+def hf_dir(tiny_hf_dir):
+    return tiny_hf_dir
 
 
 def test_hf_directory_serves_text(hf_dir):
