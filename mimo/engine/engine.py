@@ -57,13 +57,16 @@ class LLMEngine:
         self.load_seconds = time.perf_counter() - t0
 
     # ---- requests -------------------------------------------------------------------
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """Validate a request and build its Sequence without queueing it. Touches no shared
+        state (ids come from a thread-safe counter), so any thread may call it."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
         if not prompt_ids:
             raise RequestError("prompt is empty")
         vocab = self.model_config.vocab_size
-        if any(not isinstance(t, int) or t < 0 or t >= vocab for t in prompt_ids):
+        if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab
+               for t in prompt_ids):
             raise RequestError(f"prompt token ids must be integers in [0, {vocab})")
         total = len(prompt_ids) + params.max_tokens
         if len(prompt_ids) >= self.max_model_len:
@@ -81,8 +84,16 @@ class LLMEngine:
                 f"request needs {f} full + {s} SWA KV pages but the KV budget holds "
                 f"{self.pool.full.allocator.capacity} + {self.pool.swa.allocator.capacity}; "
                 f"lower max_tokens or raise --kv-cache-memory")
+        return seq
+
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        seq = self.new_sequence(prompt_ids, params)
         self.scheduler.add(seq)
         return seq
+
+    def enqueue(self, seq: Sequence) -> None:
+        """Queue a Sequence made by `new_sequence` (engine thread only)."""
+        self.scheduler.add(seq)
 
     def abort(self, seq: Sequence) -> None:
         if seq.status is not Status.FINISHED:

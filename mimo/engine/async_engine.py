@@ -1,0 +1,141 @@
+"""AsyncEngine: the engine loop on its own thread, fed from an asyncio event loop.
+
+Forward passes never run on the event-loop thread, so the loop keeps answering (health
+checks, new connections) while the engine is saturated. Ownership: only the engine thread
+touches the LLMEngine's scheduler and pools. The loop side only validates (pure), puts
+commands in the inbox, and reads per-request asyncio queues that the engine thread fills
+through `call_soon_threadsafe`.
+"""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .engine import LLMEngine
+from .sampling_params import SamplingParams
+from .sequence import Sequence
+
+
+@dataclass
+class StreamEvent:
+    token_ids: list[int]
+    finish_reason: str | None = None     # set on the last event of a request
+    error: BaseException | None = None   # the engine failed this request
+
+
+@dataclass(eq=False)
+class RequestStream:
+    """One request's view from the event loop."""
+    seq: Sequence
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.seq.cached_tokens
+
+    async def __aiter__(self):
+        while True:
+            ev = await self.events.get()
+            if ev.error is not None:
+                raise ev.error
+            yield ev
+            if ev.finish_reason is not None:
+                return
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._idle_wait = idle_wait
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._streams: dict[int, RequestStream] = {}     # engine thread only
+        self.steps = 0
+        self.last_step_seconds = 0.0
+        self.fatal: BaseException | None = None
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="mimo-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+    # ---- event-loop side ----------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+        """Validates now (raises RequestError / ValueError on bad input); generation runs on
+        the engine thread."""
+        if self.fatal is not None:
+            raise RuntimeError(f"engine stopped after an internal error: {self.fatal}")
+        seq = self.engine.new_sequence(prompt_ids, params)
+        stream = RequestStream(seq)
+        self._inbox.put(("add", stream))
+        self._wake.set()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """Stop a request and free its KV at the engine's next step (client gone, stop
+        string seen). Idempotent."""
+        self._inbox.put(("abort", stream))
+        self._wake.set()
+
+    # ---- engine thread ----------------------------------------------------------------
+    def _emit(self, stream: RequestStream, ev: StreamEvent) -> None:
+        self._loop.call_soon_threadsafe(stream.events.put_nowait, ev)
+
+    def _drain_inbox(self) -> None:
+        eng = self.engine
+        while True:
+            try:
+                cmd, stream = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if cmd == "add":
+                self._streams[stream.seq.id] = stream
+                eng.enqueue(stream.seq)
+            elif cmd == "abort" and stream.seq.id in self._streams:
+                eng.abort(stream.seq)
+                del self._streams[stream.seq.id]
+                self._emit(stream, StreamEvent([], "abort"))
+
+    def _run(self) -> None:
+        eng = self.engine
+        while not self._stop:
+            self._drain_inbox()
+            if not eng.has_work():
+                self._wake.wait(self._idle_wait)
+                self._wake.clear()
+                continue
+            t0 = time.perf_counter()
+            try:
+                out = eng.step()
+            except Exception as e:  # noqa: BLE001 - the step's requests get the error
+                self._fail_finished(e)
+                continue
+            self.steps += 1
+            self.last_step_seconds = time.perf_counter() - t0
+            for seq, tok in out:
+                stream = self._streams.get(seq.id)
+                if stream is None:
+                    continue
+                self._emit(stream, StreamEvent([tok], seq.finish_reason))
+                if seq.finish_reason is not None:
+                    del self._streams[seq.id]
+
+    def _fail_finished(self, err: Exception) -> None:
+        """LLMEngine.step finished every request of a failed step with reason 'error'."""
+        for sid, stream in list(self._streams.items()):
+            if stream.seq.finish_reason == "error":
+                del self._streams[sid]
+                self._emit(stream, StreamEvent([], "error", error=err))
