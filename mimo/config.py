@@ -185,3 +185,23 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP front: where it listens, who may call it, how much it accepts."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    served_model_name: str | None = None     # default: the --model value
+    max_body_bytes: int = 8 * 2**20
+    max_in_flight: int = 256                 # requests inside the pipeline at once
+    max_queued: int = 1024                   # beyond max_in_flight; more get HTTP 503
+
+    def __post_init__(self):
+        if not 0 <= self.port < 65536:
+            raise ConfigError("port must be in [0, 65535]")
+        if self.max_body_bytes < 1024:
+            raise ConfigError("max_body_bytes must be >= 1024")
+        if self.max_in_flight < 1 or self.max_queued < 0:
+            raise ConfigError("max_in_flight must be >= 1 and max_queued >= 0")

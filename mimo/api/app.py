@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP app (starlette). Handlers parse, run the stage pipeline
+(tokenize -> generate -> detokenize) and shape OpenAI responses; errors go through
+`errors.error_response`, the one place exceptions become HTTP."""
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import time
+import uuid
+
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..config import ServerConfig
+from ..engine.async_engine import AsyncEngine
+from ..pipeline import Pipeline, Request
+from ..stages import Detokenize, Generate, Tokenize
+from . import schemas
+from .errors import APIError, bad_request, error_response
+from .metrics import Metrics
+
+
+class Server:
+    def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str):
+        self.cfg = cfg
+        self.engine = engine
+        self.model_name = cfg.served_model_name or model_name
+        eng = engine.engine
+        self.max_model_len = eng.max_model_len
+        self.tokenizer = eng.tokenizer
+        self.metrics = Metrics()
+        self.pipeline = Pipeline(
+            [Tokenize(eng.tokenizer, eng.model_config.arch), Generate(engine),
+             Detokenize(eng.tokenizer)],
+            name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
+
+    # ---- plumbing -------------------------------------------------------------------
+    def _authorized(self, request) -> bool:
+        if not self.cfg.api_key:
+            return True
+        auth = request.headers.get("authorization", "")
+        scheme, _, token = auth.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.cfg.api_key)
+
+    async def _body(self, request) -> dict:
+        if not self._authorized(request):
+            raise APIError(401, "missing or invalid API key (Authorization: Bearer ...)",
+                           "authentication_error", code="invalid_api_key")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.cfg.max_body_bytes:
+            raise APIError(413, f"request body over {self.cfg.max_body_bytes} bytes")
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.cfg.max_body_bytes:
+                    raise APIError(413, f"request body over {self.cfg.max_body_bytes} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise APIError(400, "client disconnected while sending the body")
+        raw = b"".join(chunks)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise bad_request(f"request body is not valid UTF-8 (byte {e.start})")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise bad_request(f"request body is not valid JSON: {e.msg} at line {e.lineno} "
+                              f"column {e.colno}")
+
+    # ---- endpoints ------------------------------------------------------------------
+    async def health(self, request):
+        if self.engine.fatal is not None:
+            return JSONResponse({"status": "error", "detail": str(self.engine.fatal)}, 503)
+        return JSONResponse({"status": "ok"})
+
+    async def models(self, request):
+        if not self._authorized(request):
+            return error_response(APIError(401, "missing or invalid API key", "authentication_error",
+                                           code="invalid_api_key"))
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_name, "object": "model", "created": 0, "owned_by": "mimo",
+             "max_model_len": self.max_model_len}]})
+
+    async def metrics_endpoint(self, request):
+        self.metrics.observe_engine(self.engine.engine)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def chat(self, request):
+        return await self._generate(request, "chat")
+
+    async def completions(self, request):
+        return await self._generate(request, "completion")
+
+    async def _generate(self, request, kind: str):
+        endpoint = "chat" if kind == "chat" else "completions"
+        try:
+            spec = schemas.parse(kind, await self._body(request), self.max_model_len)
+            if spec.model != self.model_name:
+                raise APIError(404, f"model {spec.model!r} does not exist; this server serves "
+                                    f"{self.model_name!r}", code="model_not_found", param="model")
+            req = Request(data={"spec": spec})
+            stream = self.pipeline.stream(req)
+            t0 = time.perf_counter()
+            try:
+                first = await stream.__anext__()      # errors before the first token -> HTTP
+            except StopAsyncIteration:
+                first = None
+            except BaseException:
+                await stream.aclose()
+                raise
+        except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
+            resp = error_response(e)
+            self.metrics.requests.labels(endpoint, str(resp.status_code)).inc()
+            return resp
+        self.metrics.ttft.observe(time.perf_counter() - t0)
+        if spec.stream:
+            return StreamingResponse(self._sse(kind, spec, req, stream, first, t0),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return await self._whole(kind, spec, req, stream, first, t0)
+
+    def _usage(self, req) -> dict:
+        prompt = len(req.data.get("tokenize") or [])
+        done = req.data.get("completion_tokens", 0)
+        es = req.data.get("engine_stream")
+        cached = es.cached_tokens if es is not None else 0
+        self.metrics.prompt_tokens.inc(prompt)
+        self.metrics.generation_tokens.inc(done)
+        self.metrics.cached_tokens.inc(cached)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    async def _collect(self, stream, first):
+        text, finish = [], None
+        item = first
+        try:
+            while item is not None:
+                delta, reason = item
+                text.append(delta)
+                finish = reason or finish
+                item = await anext(stream, None)
+        finally:
+            await stream.aclose()
+        return "".join(text), finish
+
+    async def _whole(self, kind, spec, req, stream, first, t0):
+        endpoint = "chat" if kind == "chat" else "completions"
+        try:
+            text, finish = await self._collect(stream, first)
+        except Exception as e:  # noqa: BLE001
+            resp = error_response(e)
+            self.metrics.requests.labels(endpoint, str(resp.status_code)).inc()
+            return resp
+        self.metrics.e2e.observe(time.perf_counter() - t0)
+        self.metrics.requests.labels(endpoint, "200").inc()
+        rid, created = _id(kind), int(time.time())
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": finish, "logprobs": None}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            obj = "text_completion"
+        return JSONResponse({"id": rid, "object": obj, "created": created,
+                             "model": self.model_name, "choices": [choice],
+                             "usage": self._usage(req)})
+
+    async def _sse(self, kind, spec, req, stream, first, t0):
+        endpoint = "chat" if kind == "chat" else "completions"
+        rid, created = _id(kind), int(time.time())
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+
+        def chunk(delta=None, finish=None, role=False):
+            if kind == "chat":
+                d = {"role": "assistant", "content": ""} if role else (
+                    {"content": delta} if delta else {})
+                choice = {"index": 0, "delta": d, "finish_reason": finish, "logprobs": None}
+            else:
+                choice = {"index": 0, "text": delta or "", "finish_reason": finish, "logprobs": None}
+            return _event({"id": rid, "object": obj, "created": created,
+                           "model": self.model_name, "choices": [choice]})
+
+        status = "200"
+        last = time.perf_counter()
+        try:
+            if kind == "chat":
+                yield chunk(role=True)
+            item = first
+            while item is not None:
+                delta, reason = item
+                now = time.perf_counter()
+                self.metrics.itl.observe(now - last)
+                last = now
+                if delta or reason:
+                    yield chunk(delta, reason)
+                item = await anext(stream, None)
+            if spec.include_usage:
+                yield _event({"id": rid, "object": obj, "created": created,
+                              "model": self.model_name, "choices": [], "usage": self._usage(req)})
+            yield b"data: [DONE]\n\n"
+        except Exception as e:  # noqa: BLE001 - headers are out: report in-band, then end
+            from .errors import error_body, to_api_error
+            err = to_api_error(e)
+            status = str(err.status)
+            yield _event(error_body(err))
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()
+            self.metrics.requests.labels(endpoint, status).inc()
+            self.metrics.e2e.observe(time.perf_counter() - t0)
+
+
+def _id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def _event(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
+
+
+def build_app(server: Server) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.engine.start()
+        try:
+            yield
+        finally:
+            await server.pipeline.close(timeout=1.0)
+            await server.engine.stop()
+
+    async def not_found(request, exc):
+        return error_response(APIError(404, f"no route {request.method} {request.url.path}",
+                                       code="not_found"))
+
+    async def method_not_allowed(request, exc):
+        return error_response(APIError(405, f"method {request.method} not allowed on "
+                                            f"{request.url.path}", code="method_not_allowed"))
+
+    routes = [
+        Route("/health", server.health, methods=["GET"]),
+        Route("/v1/models", server.models, methods=["GET"]),
+        Route("/metrics", server.metrics_endpoint, methods=["GET"]),
+        Route("/v1/chat/completions", server.chat, methods=["POST"]),
+        Route("/v1/completions", server.completions, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={404: not_found, 405: method_not_allowed})

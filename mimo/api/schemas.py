@@ -1,0 +1,160 @@
+"""OpenAI request bodies -> validated `GenerationSpec`. Every rejection names the field."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.sampling_params import SamplingParams
+from .errors import APIError, bad_request
+
+# Accepted and ignored: they change nothing a single-choice, text-only completion returns.
+_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
+            "frequency_penalty", "presence_penalty", "logit_bias", "response_format", "echo",
+            "suffix", "best_of", "logprobs", "top_logprobs", "tools", "tool_choice",
+            "modalities", "prediction", "reasoning_effort", "web_search_options", "audio",
+            "functions", "function_call"}
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+           "n", "ignore_eos", "stop_token_ids"}
+MAX_STOP = 4
+
+
+@dataclass
+class GenerationSpec:
+    kind: str                          # 'chat' or 'completion'
+    model: str
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+    messages: list[dict] | None = None
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+
+
+def _num(body, name, lo=None, hi=None, integer=False, default=None):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
+        raise bad_request(f"'{name}' must be {'an integer' if integer else 'a number'}, "
+                          f"got {type(v).__name__}", name)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise bad_request(f"'{name}' must be finite", name)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise bad_request(f"'{name}' must be in [{lo}, {hi}], got {v}", name)
+    return v
+
+
+def _params(body: dict, max_model_len: int) -> SamplingParams:
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if max_tokens is None:
+        max_tokens = 256
+    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise bad_request(f"'{param}' must be an integer", param)
+    if max_tokens < 1:
+        raise bad_request(f"'{param}' must be >= 1, got {max_tokens}", param)
+    if max_tokens >= max_model_len:
+        raise bad_request(f"'{param}' is {max_tokens}; the context is {max_model_len} tokens",
+                          param, "context_length_exceeded")
+    top_k = _num(body, "top_k", -1, None, integer=True, default=0)
+    stop_ids = body.get("stop_token_ids") or []
+    if not isinstance(stop_ids, list) or any(isinstance(t, bool) or not isinstance(t, int)
+                                              or t < 0 for t in stop_ids):
+        raise bad_request("'stop_token_ids' must be a list of non-negative integers", "stop_token_ids")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise bad_request("'ignore_eos' must be a boolean", "ignore_eos")
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=float(_num(body, "temperature", 0.0, 2.0, default=1.0)),
+        top_p=float(_num(body, "top_p", 0.0, 1.0, default=1.0)) or 1e-9,
+        top_k=top_k, seed=_num(body, "seed", None, None, integer=True),
+        stop_token_ids=stop_ids, ignore_eos=ignore_eos)
+
+
+def _stop(body) -> list[str]:
+    s = body.get("stop")
+    if s is None:
+        return []
+    if isinstance(s, str):
+        s = [s]
+    if not isinstance(s, list) or not all(isinstance(x, str) for x in s):
+        raise bad_request("'stop' must be a string or a list of strings", "stop")
+    if len(s) > MAX_STOP:
+        raise bad_request(f"'stop' takes at most {MAX_STOP} strings", "stop")
+    return [x for x in s if x]
+
+
+def _content_text(content, i: int) -> str:
+    """A message's content: a string, or a list of text parts (joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, p in enumerate(content):
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                raise bad_request(f"messages[{i}].content[{j}]: unsupported content part "
+                                  f"{kind!r} (this model takes text parts)", "messages")
+            parts.append(p["text"])
+        return "".join(parts)
+    raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
+                      "messages")
+
+
+def parse(kind: str, body: Any, max_model_len: int) -> GenerationSpec:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    allowed = _COMMON | _IGNORED | ({"messages", "max_completion_tokens"} if kind == "chat"
+                                     else {"prompt"})
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise bad_request(f"unknown field(s): {', '.join(unknown)}", unknown[0])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a string", "model")
+    n = body.get("n", 1)
+    if n != 1 or isinstance(n, bool):
+        raise bad_request("only n=1 is supported", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean", "stream")
+    so = body.get("stream_options")
+    if so is not None and (not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool)):
+        raise bad_request("'stream_options' must be an object like {\"include_usage\": true}",
+                          "stream_options")
+    spec = GenerationSpec(kind, model, _params(body, max_model_len), stream,
+                          bool(so and so.get("include_usage")), _stop(body))
+    if kind == "chat":
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            raise bad_request("'messages' must be a non-empty list", "messages")
+        out = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict):
+                raise bad_request(f"messages[{i}] must be an object", "messages")
+            if m.get("role") not in ("system", "user", "assistant", "developer"):
+                raise bad_request(f"messages[{i}].role {m.get('role')!r} is not one of system, "
+                                  f"user, assistant", "messages")
+            role = "system" if m["role"] == "developer" else m["role"]
+            out.append({"role": role, "content": _content_text(m.get("content"), i)})
+        spec.messages = out
+    else:
+        p = body.get("prompt")
+        if isinstance(p, str):
+            if not p:
+                raise bad_request("'prompt' is empty", "prompt")
+            spec.prompt = p
+        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            spec.prompt_ids = list(p)
+        elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], str) and p[0]:
+            spec.prompt = p[0]
+        else:
+            raise bad_request("'prompt' must be a non-empty string, one string in a list, or a "
+                              "list of token ids", "prompt")
+    return spec
+
+
+__all__ = ["APIError", "GenerationSpec", "parse"]

@@ -1,0 +1,75 @@
+"""Incremental detokenization: token ids in, text deltas out, UTF-8 safe, with stop strings.
+
+A multi-byte character can span tokens; its partial bytes decode to U+FFFD, so a trailing
+U+FFFD is held back until the next token completes it. Text that could be the start of a
+stop string is held back too, so a stop string is never half-emitted.
+"""
+from __future__ import annotations
+
+from ..pipeline import Stage
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, stop: list[str] | None = None, skip_special_tokens: bool = True):
+        self.tok = tokenizer
+        self.stop = [s for s in (stop or []) if s]
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.emitted = 0          # characters of the decoded text already returned
+        self.text = ""
+        self.stopped = False      # a stop string was found; the request must end
+
+    def feed(self, token_ids: list[int], final: bool = False) -> str:
+        """Add tokens; return the newly safe text. After a stop string, returns what precedes
+        it and sets `stopped`."""
+        if self.stopped:
+            return ""
+        self.ids.extend(token_ids)
+        text = self.tok.decode(self.ids, skip_special_tokens=self.skip)
+        self.text = text
+        for s in self.stop:
+            # A stop string can only appear in text not yet emitted (or straddling it).
+            i = text.find(s, max(0, self.emitted - len(s) + 1))
+            if i != -1:
+                self.stopped = True
+                self.text = text[:i]
+                out = text[self.emitted:i] if i > self.emitted else ""
+                self.emitted = max(self.emitted, i)
+                return out
+        safe = len(text)
+        if not final:
+            while safe > self.emitted and text[safe - 1] == "\ufffd":
+                safe -= 1
+            for s in self.stop:
+                for k in range(min(len(s) - 1, safe - self.emitted), 0, -1):
+                    if text[safe - k:safe] == s[:k]:
+                        safe -= k
+                        break
+        if safe <= self.emitted:
+            return ""
+        out = text[self.emitted:safe]
+        self.emitted = safe
+        return out
+
+
+
+class Detokenize(Stage):
+    """Streaming stage: engine events in, (text delta, finish_reason | None) out."""
+    name = "detokenize"
+
+    def __init__(self, tokenizer):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    async def process(self, req, upstream):
+        detok = IncrementalDetokenizer(self.tokenizer, req.data["spec"].stop)
+        req.data["detok"] = detok
+        async for ev in upstream:
+            final = ev.finish_reason is not None
+            delta = detok.feed(ev.token_ids, final=final)
+            req.data["completion_tokens"] = len(detok.ids)
+            if detok.stopped:
+                yield delta, "stop"
+                return          # closing the upstream aborts the request in the engine
+            if delta or final:
+                yield delta, ev.finish_reason

@@ -1,0 +1,68 @@
+"""OpenAI-compatible chat server: `python server.py` serves the embedded default model
+(Gemma 3 270M) on 127.0.0.1:8000. `python server.py --help` lists every flag."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from mimo.__main__ import add_engine_flags
+    p = argparse.ArgumentParser(prog="python server.py", description=__doc__)
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
+    g.add_argument("--served-model-name", default=None,
+                   help="model id clients send and /v1/models lists (default: --model)")
+    g.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
+                   help="largest request body accepted (HTTP 413 above)")
+    g.add_argument("--max-in-flight", type=int, default=256,
+                   help="requests inside the pipeline at once; more wait in a queue")
+    g.add_argument("--max-queued", type=int, default=1024,
+                   help="requests waiting beyond --max-in-flight; more get HTTP 503")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_flags(p)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mimo.__main__ import engine_opts
+    from mimo.api.app import Server, build_app
+    from mimo.config import ConfigError, ServerConfig
+    from mimo.engine.async_engine import AsyncEngine
+    from mimo.engine.engine import LLMEngine
+    from mimo.llm import engine_config
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        scfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
+                            served_model_name=args.served_model_name,
+                            max_body_bytes=args.max_body_bytes, max_in_flight=args.max_in_flight,
+                            max_queued=args.max_queued)
+        engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
+    except (ConfigError, ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    server = Server(scfg, AsyncEngine(engine), args.model)
+    import uvicorn
+    try:
+        import uvloop  # noqa: F401
+        loop = "uvloop"
+    except ImportError:
+        loop = "asyncio"
+    config = uvicorn.Config(build_app(server), host=scfg.host, port=scfg.port, loop=loop,
+                            log_level=args.log_level, access_log=args.log_level == "debug",
+                            timeout_graceful_shutdown=2)
+    uv = uvicorn.Server(config)
+    logging.getLogger("mimo").info("serving %s on http://%s:%d", server.model_name, scfg.host,
+                                   scfg.port)
+    asyncio.run(uv.serve()) if loop == "asyncio" else uv.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
