@@ -87,7 +87,7 @@ class Server:
              "max_model_len": self.max_model_len}]})
 
     async def metrics_endpoint(self, request):
-        self.metrics.observe_engine(self.engine.engine)
+        self.metrics.observe_engine(self.engine.engine, self.engine.steps)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def chat(self, request):

@@ -19,9 +19,11 @@ class Metrics:
         self.queue = Gauge("mimo_queue_length", "Requests waiting for admission", registry=r)
         self.running = Gauge("mimo_running_requests", "Requests running in the engine", registry=r)
         self.pool = Gauge("mimo_kv_pool_pages", "KV pool pages by state", ["pool", "state"], registry=r)
+        self.steps = Gauge("mimo_engine_steps", "Engine iterations run so far", registry=r)
 
-    def observe_engine(self, engine) -> None:
+    def observe_engine(self, engine, steps: int = 0) -> None:
         """Sample the engine's queue and pools (a racy read of counters: fine for gauges)."""
+        self.steps.set(steps)
         self.queue.set(len(engine.scheduler.waiting))
         self.running.set(len(engine.scheduler.running))
         for name, st in engine.pool.stats().items():

