@@ -26,15 +26,34 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="token budget of one step (prefill chunk size)")
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
+    g.add_argument("--policy", default="compute-aware", choices=["compute-aware", "fcfs"],
+                   help="waiting-queue order: fewest uncached prompt tokens first (with aging), "
+                        "or arrival order")
+    g.add_argument("--aging-per-second", type=float, default=1000.0,
+                   help="compute-aware aging: a waiting request gains this many tokens of "
+                        "priority per second (bounds every wait)")
+    g.add_argument("--length-buckets", default=None,
+                   help="comma-separated prompt-length cut points, e.g. 4096,16384: one "
+                        "prefill batch holds one bucket only (default: none)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu")
+
+
+def _buckets(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--length-buckets takes comma-separated integers, not {text!r}")
 
 
 def engine_opts(a: argparse.Namespace) -> dict:
     return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
-                num_threads=a.threads, device=a.device)
+                num_threads=a.threads, device=a.device, policy=a.policy,
+                aging_per_second=a.aging_per_second, length_buckets=_buckets(a.length_buckets))
 
 
 def _generate(a: argparse.Namespace) -> int:

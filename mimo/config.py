@@ -135,15 +135,31 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     """Continuous batching: at most `max_num_seqs` running requests; each step schedules at
-    most `max_num_batched_tokens` tokens (decode tokens first, then prefill chunks)."""
+    most `max_num_batched_tokens` tokens (decode tokens first, then prefill chunks).
+
+    `policy` orders the waiting queue: 'fcfs', or 'compute-aware' (fewest uncached prompt
+    tokens first; a request's priority improves by `aging_per_second` tokens per second of
+    waiting, so its wait is bounded by uncached/aging_per_second plus the work ahead of it).
+    `length_buckets`: prompt-length cut points; one prefill batch takes one bucket only."""
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    policy: str = "compute-aware"
+    aging_per_second: float = 1000.0
+    length_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
+        if self.policy not in ("fcfs", "compute-aware"):
+            raise ConfigError(f"policy must be fcfs or compute-aware, not {self.policy!r}")
+        if not self.aging_per_second > 0:
+            raise ConfigError("aging_per_second must be > 0 (0 would let requests starve)")
+        if self.length_buckets is not None:
+            b = list(self.length_buckets)
+            if not b or any(x <= 0 for x in b) or b != sorted(set(b)):
+                raise ConfigError("length_buckets must be increasing positive token counts")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":

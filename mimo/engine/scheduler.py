@@ -12,12 +12,13 @@ does not fit waits until running ones finish and free their pages.
 """
 from __future__ import annotations
 
-from collections import deque
+import time
 from dataclasses import dataclass
 
 from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import swa_steady_pages, swa_transient_pages
+from .policy import WaitingPolicy, make_policy
 from .sequence import Sequence, Status
 
 
@@ -37,8 +38,10 @@ class Scheduler:
     def __init__(self, cfg: SchedulerConfig, pool: DualPool):
         self.cfg = cfg
         self.pool = pool
-        self.waiting: deque[Sequence] = deque()
+        opts = {"aging_per_second": cfg.aging_per_second} if cfg.policy == "compute-aware" else {}
+        self.waiting: WaitingPolicy = make_policy(cfg.policy, buckets=cfg.length_buckets, **opts)
         self.running: list[Sequence] = []
+        self.clock = time.monotonic
 
     # ---- capacity -------------------------------------------------------------------
     def need(self, seq: Sequence) -> tuple[int, int]:
@@ -68,7 +71,7 @@ class Scheduler:
 
     # ---- queue ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        self.waiting.push(seq, self.clock())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -86,11 +89,26 @@ class Scheduler:
                 if n:
                     out.append(self._chunk(seq, n))
                     budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
+        out += self._admit(budget)
+        return out
+
+    def _admit(self, budget: int) -> list[ScheduledChunk]:
+        """New requests in policy order (see mimo/engine/policy.py for the head-of-line rule);
+        one prefill batch never mixes length buckets."""
+        out: list[ScheduledChunk] = []
+        turn = self.waiting.next_bucket()
+        prefilling = {self.waiting.bucket_of(r) for r in self.running if r.in_prefill}
+        if turn is None or (prefilling and prefilling != {turn}):
+            return out
+        now = self.clock()
+        for seq in self.waiting.candidates(now, bucket=turn):
+            if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
+                break
             if not self._can_admit(seq):
-                break           # FCFS: later requests do not overtake a blocked head
-            self.waiting.popleft()
+                if self.waiting.may_skip(seq, now):
+                    continue
+                break
+            self.waiting.pop(seq)
             seq.kv = self.pool.new_seq()
             seq.status = Status.RUNNING
             self.running.append(seq)
