@@ -43,7 +43,10 @@ class Server:
             return True
         auth = request.headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip(), self.cfg.api_key)
+        # Compare bytes: compare_digest raises TypeError on non-ASCII str, and header values
+        # can hold any latin-1 character.
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("utf-8"), self.cfg.api_key.encode("utf-8"))
 
     async def _body(self, request) -> dict:
         if not self._authorized(request):
@@ -62,6 +65,8 @@ class Server:
         except ClientDisconnect:
             raise APIError(400, "client disconnected while sending the body")
         raw = b"".join(chunks)
+        if not raw.strip():
+            raise bad_request("request body is empty; expected a JSON object")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -71,6 +76,10 @@ class Server:
         except json.JSONDecodeError as e:
             raise bad_request(f"request body is not valid JSON: {e.msg} at line {e.lineno} "
                               f"column {e.colno}")
+        except RecursionError:
+            raise bad_request("request body is not valid JSON: nested too deeply")
+        except ValueError as e:     # e.g. an integer literal over Python's 4300-digit limit
+            raise bad_request(f"request body is not valid JSON: {e}")
 
     # ---- endpoints ------------------------------------------------------------------
     async def health(self, request):

@@ -17,6 +17,10 @@ _IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
            "n", "ignore_eos", "stop_token_ids"}
 MAX_STOP = 4
+# Below this a temperature means greedy: logits / T overflows float32 for tiny T, and
+# sampling from inf/nan probabilities fails inside the engine step.
+MIN_TEMPERATURE = 1e-5
+SEED_RANGE = (-(2**63), 2**64 - 1)     # what torch.Generator.manual_seed accepts
 
 
 @dataclass
@@ -42,7 +46,8 @@ def _num(body, name, lo=None, hi=None, integer=False, default=None):
     if isinstance(v, float) and not math.isfinite(v):
         raise bad_request(f"'{name}' must be finite", name)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise bad_request(f"'{name}' must be in [{lo}, {hi}], got {v}", name)
+        want = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise bad_request(f"'{name}' must be {want}, got {v}", name)
     return v
 
 
@@ -66,11 +71,12 @@ def _params(body: dict, max_model_len: int) -> SamplingParams:
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise bad_request("'ignore_eos' must be a boolean", "ignore_eos")
+    temperature = float(_num(body, "temperature", 0.0, 2.0, default=1.0))
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=float(_num(body, "temperature", 0.0, 2.0, default=1.0)),
+        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
         top_p=float(_num(body, "top_p", 0.0, 1.0, default=1.0)) or 1e-9,
-        top_k=top_k, seed=_num(body, "seed", None, None, integer=True),
+        top_k=top_k, seed=_num(body, "seed", *SEED_RANGE, integer=True),
         stop_token_ids=stop_ids, ignore_eos=ignore_eos)
 
 
@@ -87,10 +93,19 @@ def _stop(body) -> list[str]:
     return [x for x in s if x]
 
 
+def _utf8(s: str, where: str, param: str) -> str:
+    """JSON may carry lone surrogate escapes ("\\ud800"); they are not text a tokenizer takes."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)", param)
+    return s
+
+
 def _content_text(content, i: int) -> str:
     """A message's content: a string, or a list of text parts (joined)."""
     if isinstance(content, str):
-        return content
+        return _utf8(content, f"messages[{i}].content", "messages")
     if isinstance(content, list):
         parts = []
         for j, p in enumerate(content):
@@ -98,7 +113,7 @@ def _content_text(content, i: int) -> str:
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
                 raise bad_request(f"messages[{i}].content[{j}]: unsupported content part "
                                   f"{kind!r} (this model takes text parts)", "messages")
-            parts.append(p["text"])
+            parts.append(_utf8(p["text"], f"messages[{i}].content[{j}]", "messages"))
         return "".join(parts)
     raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
                       "messages")
@@ -146,11 +161,11 @@ def parse(kind: str, body: Any, max_model_len: int) -> GenerationSpec:
         if isinstance(p, str):
             if not p:
                 raise bad_request("'prompt' is empty", "prompt")
-            spec.prompt = p
+            spec.prompt = _utf8(p, "'prompt'", "prompt")
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             spec.prompt_ids = list(p)
         elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], str) and p[0]:
-            spec.prompt = p[0]
+            spec.prompt = _utf8(p[0], "'prompt'", "prompt")
         else:
             raise bad_request("'prompt' must be a non-empty string, one string in a list, or a "
                               "list of token ids", "prompt")

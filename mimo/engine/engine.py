@@ -48,7 +48,11 @@ class LLMEngine:
         full_pages, swa_pages = plan_pages(layout, cc, context,
                                            chunk=config.scheduler.max_num_batched_tokens)
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
-        self.scheduler = Scheduler(config.scheduler, self.pool)
+        self.cache = None
+        if cc.prefix_cache:
+            from ..kvcache.prefix_cache import PrefixCache
+            self.cache = PrefixCache(self.pool, cc.retention)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache)
         self.runner = ModelRunner(self.model, self.pool, mc.layer_types, mc.sliding_window, rt.device)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
@@ -112,14 +116,15 @@ class LLMEngine:
         sampled = [c for c in chunks if c.sample]
         try:
             hidden = self.runner.execute(chunks)
+            tokens = sample(self.model.lm_head, hidden, [c.seq.params for c in sampled],
+                            [c.seq.generator for c in sampled])
         except Exception:
-            # A failed forward leaves nothing allocated for the requests it carried.
+            # A failed forward or sampling leaves nothing allocated for the requests it
+            # carried, and they are finished, so the next step does not repeat the failure.
             for c in chunks:
                 c.seq.finish_reason = "error"
                 self.scheduler.finish(c.seq)
             raise
-        tokens = sample(self.model.lm_head, hidden, [c.seq.params for c in sampled],
-                        [c.seq.generator for c in sampled])
         out = []
         for c, t in zip(sampled, tokens):
             c.seq.append(t)
@@ -143,6 +148,8 @@ class LLMEngine:
         try:
             for start in range(0, len(prompt_ids), chunk):
                 n = min(chunk, len(prompt_ids) - start)
+                if self.cache is not None:
+                    self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
                 self.pool.grow(seq.kv, start + n)
                 h = self.runner.execute([ScheduledChunk(seq, start, n, True)], all_logits=True)
                 out.append(self.model.lm_head.logits(h))
@@ -153,6 +160,8 @@ class LLMEngine:
 
     def check_integrity(self) -> None:
         self.pool.check_integrity()
+        if self.cache is not None:
+            self.cache.check_integrity()
         if not self.scheduler.has_work():
             assert self.pool.num_live_seqs == 0, "idle engine still holds sequences"
             for a in (self.pool.full.allocator, self.pool.swa.allocator):

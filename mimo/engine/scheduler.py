@@ -35,9 +35,10 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None):
         self.cfg = cfg
         self.pool = pool
+        self.cache = cache          # PrefixCache or None
         opts = {"aging_per_second": cfg.aging_per_second} if cfg.policy == "compute-aware" else {}
         self.waiting: WaitingPolicy = make_policy(cfg.policy, buckets=cfg.length_buckets, **opts)
         self.running: list[Sequence] = []
@@ -62,11 +63,13 @@ class Scheduler:
         return (f <= self.pool.full.allocator.capacity
                 and s + self._transient <= self.pool.swa.allocator.capacity)
 
-    def _can_admit(self, seq: Sequence) -> bool:
+    def _can_admit(self, seq: Sequence, held: int = 0) -> bool:
+        """`held`: full pages the request already holds (a locked prefix-cache match)."""
         f, s = self.need(seq)
         outstanding_full = sum(max(0, self.need(r)[0] - len(r.kv.full_pages)) for r in self.running)
+        fa = self.pool.full.allocator
         steady_swa = sum(self.need(r)[1] for r in self.running)
-        return (self.pool.full.allocator.num_free - outstanding_full >= f
+        return (fa.num_free + fa.num_evictable - outstanding_full >= f - held
                 and steady_swa + s + self._transient <= self.pool.swa.allocator.capacity)
 
     # ---- queue ------------------------------------------------------------------------
@@ -104,12 +107,23 @@ class Scheduler:
         for seq in self.waiting.candidates(now, bucket=turn):
             if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
-            if not self._can_admit(seq):
+            kv = self.pool.new_seq()
+            cached = 0
+            if self.cache is not None:
+                m = self.cache.match(seq.prompt_ids)
+                if m.length:
+                    cached = self.cache.adopt(kv, m)
+            if not self._can_admit(seq, len(kv.full_pages)):
+                if self.cache is not None:
+                    self.cache.finish(kv, [], len(seq.prompt_ids))
+                else:
+                    self.pool.free_seq(kv)
                 if self.waiting.may_skip(seq, now):
                     continue
                 break
             self.waiting.pop(seq)
-            seq.kv = self.pool.new_seq()
+            seq.kv = kv
+            seq.num_computed = seq.cached_tokens = cached
             seq.status = Status.RUNNING
             self.running.append(seq)
             n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
@@ -122,30 +136,42 @@ class Scheduler:
         """Shrink a prefill chunk to the pages free right now (an earlier chunk of this step
         may have used the transient SWA headroom); 0 means wait for the next step."""
         P = self.pool.page_size
-        free = self.pool.full.allocator.num_free
+        fa, sa = self.pool.full.allocator, self.pool.swa.allocator
+        free = fa.num_free + (fa.num_evictable if self.cache is not None else 0)
         if self.pool.hybrid:
-            free = min(free, self.pool.swa.allocator.num_free)
+            free = min(free, sa.num_free + (sa.num_evictable if self.cache is not None else 0))
         limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
         return max(0, min(n, limit))
 
     def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
         start = seq.num_computed
+        if self.cache is not None:
+            self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
         self.pool.grow(seq.kv, start + n)
         return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
 
     # ---- after the model ran -------------------------------------------------------
     def commit(self, chunks: list[ScheduledChunk]) -> None:
         """Advance computed counts, release out-of-window SWA, retire finished requests."""
+        P = self.pool.page_size
         for c in chunks:
-            c.seq.num_computed = c.start + c.n
-            self.pool.release_window(c.seq.kv, c.seq.num_computed)
+            seq = c.seq
+            seq.num_computed = c.start + c.n
+            self.pool.release_window(seq.kv, seq.num_computed)
+            # Share KV as it is made: after every prefill chunk and every decode page.
+            if self.cache is not None and seq.finish_reason is None and (
+                    c.n > 1 or seq.num_computed % P == 0):
+                self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 
     def finish(self, seq: Sequence) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            self.pool.free_seq(seq.kv)
+            if self.cache is not None:
+                self.cache.finish(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
+            else:
+                self.pool.free_seq(seq.kv)
             seq.kv = None
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)

@@ -26,6 +26,7 @@ class SeqKV:
     full_pages: list[int] = field(default_factory=list)
     swa_pages: list[int | None] = field(default_factory=list)   # None: released
     swa_released: int = 0      # logical pages [0, swa_released) have no SWA page
+    node: object = None        # prefix-cache node this request holds a lock on (or None)
 
     @property
     def capacity_tokens(self) -> int:
@@ -55,6 +56,10 @@ class DualPool:
         # Live SeqKVs by id. Holding the object keeps its id from being reused, so a sequence
         # dropped without free_seq stays counted (a leak shows) and a foreign one is caught.
         self._seqs: dict[int, SeqKV] = {}
+        # Set by a prefix cache: pages it owns are shared, never freed by a sequence.
+        self.cache_attached = False
+        self.is_shared_full = lambda page: False
+        self.is_shared_swa = lambda page: False
 
     # ---- sizing questions the scheduler asks -------------------------------------------
     def pages_to_grow(self, seq: SeqKV, new_len: int) -> tuple[int, int]:
@@ -106,9 +111,10 @@ class DualPool:
         for p in range(seq.swa_released, upto):
             sp = seq.swa_pages[p]
             if sp is not None:
-                freed.append(sp)
                 seq.swa_pages[p] = None
-                self._unmap(seq.full_pages[p])
+                if not self.is_shared_swa(sp):      # the cache's pages are the cache's to free
+                    freed.append(sp)
+                    self._unmap(seq.full_pages[p])
         seq.swa_released = max(seq.swa_released, upto)
         self.swa.allocator.free(freed)
         return len(freed)
@@ -118,13 +124,26 @@ class DualPool:
         if self._seqs.get(id(seq)) is not seq:
             raise RuntimeError("freeing a sequence this pool does not own (double free?)")
         del self._seqs[id(seq)]
-        live = [p for p in seq.swa_pages if p is not None]
+        live = []
         for p, sp in enumerate(seq.swa_pages):
-            if sp is not None:
-                self._unmap(seq.full_pages[p])
+            if sp is not None and not self.is_shared_swa(sp):
+                live.append(sp)
+                if not self.is_shared_full(seq.full_pages[p]):
+                    self._unmap(seq.full_pages[p])
         self.swa.allocator.free(live)
-        self.full.allocator.free(seq.full_pages)
+        self.full.allocator.free([p for p in seq.full_pages if not self.is_shared_full(p)])
         seq.full_pages, seq.swa_pages, seq.swa_released = [], [], 0
+
+    def unmap_full_pages(self, full_pages) -> None:
+        """The prefix cache freed the SWA KV of these (cached) full pages."""
+        for p in full_pages:
+            self._unmap(p)
+
+    def map_pages(self, full_page: int, swa_page: int) -> None:
+        """Record that `swa_page` holds the SWA KV of `full_page`'s tokens."""
+        if self.full_to_swa is not None:
+            P = self.page_size
+            self.full_to_swa[full_page * P:(full_page + 1) * P] = swa_page * P + torch.arange(P)
 
     def _unmap(self, full_page: int) -> None:
         if self.full_to_swa is not None:
@@ -154,9 +173,15 @@ class DualPool:
         self.full.check_integrity()
         self.swa.check_integrity()
         if self.full_to_swa is not None:
-            mapped = int((self.full_to_swa >= 0).sum())
-            assert mapped == self.swa.allocator.num_in_use * self.page_size, \
-                "full->SWA map disagrees with the SWA pool's pages in use"
+            if self.cache_attached:
+                mapped = torch.unique(self.full_to_swa[self.full_to_swa >= 0]).numel()
+                held = self.swa.allocator.num_in_use + self.swa.allocator.num_evictable
+                assert mapped <= held * self.page_size, \
+                    "full->SWA map points at SWA slots no one holds"
+            else:
+                mapped = int((self.full_to_swa >= 0).sum())
+                assert mapped == self.swa.allocator.num_in_use * self.page_size, \
+                    "full->SWA map disagrees with the SWA pool's pages in use"
 
     @property
     def num_live_seqs(self) -> int:
