@@ -12,8 +12,8 @@ def build_parser() -> argparse.ArgumentParser:
     from mimo.__main__ import add_engine_flags
     p = argparse.ArgumentParser(prog="python server.py", description=__doc__)
     g = p.add_argument_group("server")
-    g.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    g.add_argument("--port", type=int, default=8000, help="port to listen on (0: any free port)")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0: any free port)")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
     g.add_argument("--served-model-name", default=None,

@@ -55,3 +55,19 @@ def test_generate_bench_runs_and_ends_with_one_json_line(tiny_hf_dir):
     assert set(out["mimo"]) == {"1", "2"}
     assert all(v["decode_tps"] > 0 and v["e2e_tps"] > 0 for v in out["mimo"].values())
     assert "[generate]" in r.stderr
+
+
+def test_server_help_documents_every_flag():
+    r = _run("server.py", "--help")
+    assert r.returncode == 0
+    for flag in ("--host", "--port", "--api-key", "--served-model-name", "--max-body-bytes",
+                 "--max-in-flight", "--max-queued", "--log-level", "--model", "--dtype",
+                 "--kv-cache-memory", "--policy", "--aging-per-second", "--length-buckets",
+                 "--max-num-batched-tokens"):
+        assert flag in r.stdout
+    assert "127.0.0.1" in r.stdout and "8000" in r.stdout
+
+
+def test_server_refuses_bad_flags_clearly():
+    r = _run("server.py", "--model", "no-such-model")
+    assert r.returncode == 2 and "unknown model" in r.stderr and "Traceback" not in r.stderr
