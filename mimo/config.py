@@ -115,7 +115,7 @@ class CacheConfig:
     layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
     # The SWA-aware prefix cache is integrated but still being validated: opt-in for now.
     prefix_cache: bool = False
-    retention: str = "hybrid"   # SWA retention policy of the prefix cache (kvcache/retention.py)
+    retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/retention.py)
 
     def __post_init__(self):
         if self.page_size < 1:

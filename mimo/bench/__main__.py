@@ -16,7 +16,7 @@ import sys
 COMMANDS = [
     ".kv_capacity",      # kv-capacity: requests per KV budget, hybrid vs full-kv
     ".generate",         # generate: decode tokens/s, mimo vs transformers vs llama.cpp
-    # ".cache_sim",      # cache-sim: prefix-cache hit rates (to be added)
+    ".cache_sim",        # cache-sim: prefix-cache hit rate of a trace, per policy and budget
 ]
 
 

@@ -1,0 +1,221 @@
+"""Model-free replay of a request trace through the real radix tree and page allocators.
+
+Trace model (Mooncake format: `hash_ids` name 512-token prompt blocks, equal ids at equal
+positions are a reusable prefix): prompt block j holds the token ids
+hash_ids[j] * 512 + [0, 512), the last block cut to `input_length`; the request's
+`output_length` generated tokens get ids unique to it (negative, so they never collide
+with a prompt), since a later prompt that continues a conversation names its blocks with
+new hash ids. Requests are replayed one after another in trace order, each the way the
+engine drives the tree: match the prompt (less its last token), lock, allocate pages for
+the rest (evicting first), keep the SWA pages the retention policy names plus the last
+window (what window release leaves), insert prompt + output, free the duplicates, unlock.
+Timestamps are not replayed: no two requests hold locks at once, so the whole budget is
+cache, as between bursts on a real server.
+
+The hit rate is token-weighted: matched prompt tokens / prompt tokens.
+"""
+from __future__ import annotations
+
+import json
+import time
+from array import array
+from pathlib import Path
+
+from .allocator import PageAllocator
+from .layout import KVLayout
+from .radix_tree import RadixTree
+from .retention import POLICIES, RetentionPolicy, window_pages
+
+BLOCK = 512
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def load_trace(path, limit: int | None = None) -> list[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"trace not found: {path}")
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(json.loads(line))
+                if limit is not None and len(out) >= limit:
+                    break
+    return out
+
+
+def prompt_tokens(hash_ids, input_length: int, block: int = BLOCK) -> array:
+    toks = array("q")
+    for h in hash_ids:
+        toks.extend(range(h * block, h * block + block))
+    del toks[input_length:]
+    return toks
+
+
+def ideal_hit_rates(reqs, block: int = BLOCK) -> dict:
+    """Infinite cache, full KV everywhere: a prompt reuses its longest block prefix seen
+    before. Block-weighted (the trace README's "ideal hit rate") and token-weighted (the
+    same unit as the replay's hit rate)."""
+    seen: set = set()
+    hit_b = tot_b = hit_t = tot_t = 0
+    for r in reqs:
+        h, n = r["hash_ids"], r["input_length"]
+        k, key = 0, ()
+        for x in h:
+            key = key + (x,)
+            if key not in seen:
+                break
+            k += 1
+        key = ()
+        for x in h:
+            key = key + (x,)
+            seen.add(key)
+        hit_b, tot_b = hit_b + k, tot_b + len(h)
+        hit_t, tot_t = hit_t + min(k * block, n), tot_t + n
+    return {"ideal_hit_rate": hit_t / max(tot_t, 1), "ideal_block_hit_rate": hit_b / max(tot_b, 1)}
+
+
+def estimate_swa_share(reqs, layout: KVLayout, policy: RetentionPolicy, page: int = 16,
+                       align: int = BLOCK, output: bool | None = None) -> float:
+    """SWA pool share at which both pools fill together: the bytes of SWA windows over the
+    bytes of everything the policy would insert, replaying the trace with unlimited memory
+    (a request inserts what its ideal hit does not cover: its new full pages and the
+    windows of its firm checkpoints past that hit). Cached data ages out of both pools at
+    about the same rate, so the cache holds them in that proportion."""
+    over = {"align": align} if output is None else {"align": align, "output": output}
+    pol = RetentionPolicy(**{**policy.__dict__, **over})
+    seen: set = set()
+    full = swa = 0
+    for r in reqs:
+        h, L = r["hash_ids"], r["input_length"]
+        T = L + max(r["output_length"] - 1, 0)
+        k, key = 0, ()
+        for x in h:
+            key += (x,)
+            if key not in seen:
+                break
+            k += 1
+        key = ()
+        for x in h:
+            key += (x,)
+            seen.add(key)
+        hit = min(k * BLOCK, L - 1) // page * page
+        full += max(pol.cache_len(T, page, L) - hit, 0)
+        if pol.keep_all:
+            swa += max(pol.cache_len(T, page, L) - hit, 0)
+            continue
+        cps = [c for c in pol.checkpoints(T, L, hit, page, firm_only=True) if c > hit]
+        swa += len(pol.keep_pages(cps, layout.window, page)) * page
+    fb, sb = layout.full_bytes_per_token, layout.swa_bytes_per_token
+    return swa * sb / max(swa * sb + full * fb, 1)
+
+
+class CacheSim:
+    """One policy at one budget. `policy`: a name in POLICIES, 'full-kv' or 'off'."""
+
+    def __init__(self, layout: KVLayout, full_kv: KVLayout, budget: int, policy: str = "hybrid",
+                 page_size: int = 16, align: int = BLOCK, swa_share: float = 0.2,
+                 chunk: int = 2048, retention: RetentionPolicy | None = None,
+                 output: bool | None = None):
+        P = self.P = page_size
+        self.name, self.budget, self.chunk, self.window = policy, budget, chunk, layout.window
+        if retention is None:
+            retention = POLICIES.get(policy, RetentionPolicy())
+        over = {"align": align} if output is None else {"align": align, "output": output}
+        self.policy = RetentionPolicy(**{**retention.__dict__, **over})
+        if policy in ("full-kv", "off"):
+            self.fb, self.sb = full_kv.full_bytes_per_token, 0
+            full_pages, swa_pages, mode = budget // (P * self.fb), 0, policy
+        else:
+            self.fb, self.sb = layout.full_bytes_per_token, layout.swa_bytes_per_token
+            swa_pages = int(budget * swa_share) // (P * self.sb)
+            full_pages = (budget - swa_pages * P * self.sb) // (P * self.fb)
+            mode = "hybrid"
+        self.fa = PageAllocator(full_pages, "full")
+        self.sa = PageAllocator(swa_pages, "swa") if mode == "hybrid" else None
+        self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode)
+        self.hybrid = mode == "hybrid"
+        self._out_id = 0
+        self.hit = self.prompt = self.requests = self.uncached = 0
+
+    def request(self, prompt, output_len: int, namespace=None) -> int:
+        """Replay one request; returns its cached prompt tokens."""
+        P, tree, L = self.P, self.tree, len(prompt)
+        T = L + max(output_len - 1, 0)          # the last sampled token has no KV yet
+        toks = array("q", prompt)
+        toks.extend(range(-self._out_id - 1, -self._out_id - 1 - (T - L), -1))
+        self._out_id += T - L
+        m = tree.match(toks[:L - 1], namespace)
+        self.hit, self.prompt, self.requests = self.hit + m.length, self.prompt + L, self.requests + 1
+        if tree.mode == "off":
+            return m.length
+        tree.lock(m.node)
+        q0, n = m.length // P, _cdiv(T, P)
+        keep_new: list[int] = []
+        if self.hybrid:
+            keep = tree.keep_pages(T, L, m.prefix_len)
+            keep.update(window_pages(n * P, self.window, P))   # the last window stays live
+            keep_new = sorted(i for i in keep if q0 <= i < n)
+        # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
+        transient = min(_cdiv(self.chunk, P) + 1, n - q0) if self.hybrid and self.chunk else 0
+        short_f = n - q0 - self.fa.num_free
+        short_s = len(keep_new) + transient - self.sa.num_free if self.hybrid else 0
+        if short_f > 0 or short_s > 0:
+            tree.evict(max(short_f, 0), max(short_s, 0))
+        if (self.fa.num_free < n - q0
+                or (self.hybrid and self.sa.num_free < len(keep_new) + transient)):
+            self.uncached += 1                  # bigger than the whole cache: run uncached
+            tree.unlock(m.node)
+            return m.length
+        fp = self.fa.alloc(n - q0)
+        swa = None
+        if self.hybrid:
+            swa = list(m.swa_pages) + [None] * (n - q0)
+            for i, s in zip(keep_new, self.sa.alloc(len(keep_new))):
+                swa[i] = s
+        res = tree.insert(toks, m.full_pages + fp, swa, namespace, prompt_len=L)
+        self.fa.free(res.dup_full)
+        if self.hybrid:
+            self.sa.free(res.dup_swa)
+        tree.unlock(m.node)
+        return m.length
+
+    def run(self, reqs, progress=None, label: str = "", every_s: float = 5.0,
+            check_every: int = 0) -> dict:
+        t0 = last = time.perf_counter()
+        for i, r in enumerate(reqs):
+            self.request(prompt_tokens(r["hash_ids"], r["input_length"]), r["output_length"])
+            if check_every and (i + 1) % check_every == 0:
+                self.tree.check_integrity()
+            now = time.perf_counter()
+            if progress is not None and now - last >= every_s:
+                last = now
+                print(f"[cache-sim] {label}: {i + 1}/{len(reqs)} requests, hit rate "
+                      f"{self.hit / max(self.prompt, 1):.4f}, {now - t0:.0f}s",
+                      file=progress, flush=True)
+        self.tree.check_integrity()
+        return self.result(time.perf_counter() - t0)
+
+    def result(self, seconds: float) -> dict:
+        st = self.tree.stats() if self.tree.mode != "off" else {}
+        P = self.P
+        out = {"policy": self.name, "kv_budget_bytes": self.budget,
+               "hit_rate": round(self.hit / max(self.prompt, 1), 4),
+               "hit_tokens": self.hit, "prompt_tokens": self.prompt,
+               "requests": self.requests, "uncached_requests": self.uncached,
+               "retention": dict(self.policy.__dict__) if self.hybrid else
+               {"align": self.policy.align, "output": self.policy.output},
+               "seconds": round(seconds, 2),
+               "full_pages": self.fa.capacity, "swa_pages": self.sa.capacity if self.sa else 0,
+               "full_bytes": self.fa.capacity * P * self.fb,
+               "swa_bytes": (self.sa.capacity if self.sa else 0) * P * self.sb}
+        if st:
+            out["window_cut_rate"] = round(
+                (st["prefix_tokens"] - st["matched_tokens"]) / max(self.prompt, 1), 4)
+            out["tree"] = {k: st[k] for k in ("nodes", "cached_tokens", "swa_live_pages",
+                                              "swa_tombstones", "evicted_full", "evicted_swa",
+                                              "tombstoned_swa", "revived_swa")}
+        return out

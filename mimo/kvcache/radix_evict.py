@@ -1,0 +1,244 @@
+"""Eviction, leaf trimming and the integrity check of the SWA-aware radix tree.
+
+Two LRU orders, kept as lazy heaps (an entry is stale once its node died or its time moved;
+stale entries are skipped when they reach the top):
+- whole nodes, by `time` (last use as a prefix): only unlocked leaves are candidates, so
+  a path is evicted from its end towards the root;
+- SWA segments, by `swa_time` (last match that *ended* in the node, or last write): a node's
+  SWA pages outside every lock and every leaf's tail window are tombstoned, its full KV kept.
+  A node on the path of every request (a system prompt) stays young in the node order while
+  its checkpoint, which only requests stopping there use, can age in the SWA order.
+When the SWA pool needs pages, whichever candidate is older goes first (speculative windows,
+see `radix_tree.py`, are older than anything else).
+
+Freeing goes through unpark + free so the allocator sees EVICTABLE -> IN_USE -> FREE and
+raises on any page freed twice.
+"""
+from __future__ import annotations
+
+import heapq
+
+from .allocator import EVICTABLE, IN_USE
+from .radix_node import NO_SWA
+from .retention import window_first_page
+
+
+class EvictMixin:
+    # ---- public ------------------------------------------------------------------------
+    def evict(self, full: int = 0, swa: int = 0) -> tuple[int, int]:
+        """Free at least `full` full pages and `swa` SWA pages, fewer only when everything
+        left is locked. Returns (full pages freed, SWA pages freed)."""
+        self._compact()
+        ff = fs = 0
+        while ff < full:
+            leaf = self._top(self._leaf_heap, self._leaf_ok)
+            if leaf is None:
+                break
+            a, b = self._evict_leaf(leaf)
+            ff, fs = ff + a, fs + b
+        while fs < swa and self.hybrid:
+            leaf = self._top(self._leaf_heap, self._leaf_ok)
+            node = self._top(self._swa_heap, self._swa_ok)
+            if node is not None and (leaf is None or node.swa_time < leaf.time):
+                fs += self._evict_swa(node)
+            elif leaf is not None:
+                a, b = self._evict_leaf(leaf)
+                ff, fs = ff + a, fs + b
+            else:
+                break
+        return ff, fs
+
+    # ---- heaps -------------------------------------------------------------------------
+    @staticmethod
+    def _top(heap, ok):
+        while heap:
+            t, _, node = heap[0]
+            if ok(node, t):
+                return node
+            heapq.heappop(heap)
+        return None
+
+    def _leaf_ok(self, node, t) -> bool:
+        return node.alive and node.time == t and not node.children and node.lock_ref == 0
+
+    def _swa_ok(self, node, t) -> bool:
+        return node.alive and node.swa_time == t and bool(self._freeable(node))
+
+    def _compact(self) -> None:
+        """Drop stale entries (every time update pushes a new one); amortized O(1)."""
+        if len(self._leaf_heap) + len(self._swa_heap) <= self._heap_cap:
+            return
+        for name, key in (("_leaf_heap", "time"), ("_swa_heap", "swa_time")):
+            h = [e for e in getattr(self, name) if e[2].alive and getattr(e[2], key) == e[0]]
+            heapq.heapify(h)
+            setattr(self, name, h)
+        self._heap_cap = max(65536, 2 * (len(self._leaf_heap) + len(self._swa_heap)))
+
+    # ---- SWA-only eviction ----------------------------------------------------------------
+    def _min_leaf_end(self, node) -> int:
+        """Smallest leaf end in node's subtree among those whose tail window can reach back
+        into node (ends before node.end + W - 1); larger ends protect nothing here."""
+        if not node.children:
+            return node.end
+        limit, best = node.end + self.W - 1, None
+        stack = list(node.children.values())
+        while stack:
+            c = stack.pop()
+            if not c.children:
+                best = c.end if best is None else min(best, c.end)
+            elif c.end < limit:
+                stack.extend(c.children.values())
+        return best if best is not None else limit
+
+    def _freeable(self, node) -> list[int]:
+        """Local indices of live SWA pages that no lock and no leaf's tail window needs."""
+        if not node.swa or node.parent is None:
+            return []
+        first = window_first_page(self._min_leaf_end(node), self.W, self.P) - node.start // self.P
+        upto = min(len(node.swa), max(first, 0))
+        return [i for i in range(upto) if node.swa[i] >= 0 and i not in node.swa_lock]
+
+    def _evict_swa(self, node) -> int:
+        idx = self._freeable(node)
+        pages = [node.swa[i] for i in idx]
+        if self.unmap is not None:
+            self.unmap([node.full[i] for i in idx])
+        for i in idx:
+            node.swa[i] = NO_SWA
+        self._own_s[pages] = False
+        self.swa_alloc.unpark(pages)
+        self.swa_alloc.free(pages)
+        self.counters["tombstoned_swa"] += len(pages)
+        return len(pages)
+
+    # ---- whole-node eviction ---------------------------------------------------------------
+    def _drop(self, node) -> tuple[int, int]:
+        """Unlink an unlocked leaf and free all its pages."""
+        assert node.lock_ref == 0 and not node.children and not node.swa_lock
+        del node.parent.children[tuple(node.tokens[:self.P])]
+        node.alive = False
+        self._own_f[node.full] = False
+        self.full_alloc.unpark(node.full)
+        self.full_alloc.free(node.full)
+        live = [i for i, s in enumerate(node.swa or ()) if s >= 0]
+        if live:
+            if self.unmap is not None:
+                self.unmap([node.full[i] for i in live])
+            pages = [node.swa[i] for i in live]
+            self._own_s[pages] = False
+            self.swa_alloc.unpark(pages)
+            self.swa_alloc.free(pages)
+        self.counters["evicted_full"] += len(node.full)
+        self.counters["evicted_swa"] += len(live)
+        return len(node.full), len(live)
+
+    def _evict_leaf(self, leaf) -> tuple[int, int]:
+        ff, fs = self._drop(leaf)
+        parent = leaf.parent
+        # Ancestors whose pages sat in the dropped leaf's tail window may be freeable now.
+        n = parent
+        while n.parent is not None and n.end > leaf.end - self.W:
+            self._push_swa(n)
+            n = n.parent
+        if parent.parent is not None and not parent.children:
+            a, b = self._fix_leaf(parent)
+            ff, fs = ff + a, fs + b
+        return ff, fs
+
+    def _fix_leaf(self, node) -> tuple[int, int]:
+        """Restore "every leaf ends window-safe" for a node that just became a leaf: cut it
+        back to its last safe point, or drop it and repeat with its parent."""
+        P, ff, fs = self.P, 0, 0
+        while node.parent is not None and not node.children:
+            if node.lock_ref:
+                return ff, fs       # a locked leaf is a match node: its window is locked
+            if not self.hybrid:
+                break
+            s, e = node.start // P, node.end // P
+            live = [False] * e
+            g0 = window_first_page(node.start + P, self.W, P)
+            n = node
+            while n.parent is not None and n.end // P > g0:
+                for i, sp in enumerate(n.swa):
+                    live[n.start // P + i] = sp >= 0
+                n = n.parent
+            q = self._safe_pages(live, e, lo=s)
+            if q == e:
+                break
+            if q > s:
+                pre = self._split(node, q - s)
+                a, b = self._drop(node)
+                self._push_leaf(pre)
+                return ff + a, fs + b
+            parent = node.parent
+            a, b = self._drop(node)
+            ff, fs, node = ff + a, fs + b, parent
+        self._push_leaf(node)
+        return ff, fs
+
+    # ---- checks ----------------------------------------------------------------------------
+    def _nodes(self):
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                n = stack.pop()
+                yield n
+                stack.extend(n.children.values())
+
+    def check_integrity(self) -> None:
+        P, fs_state = self.P, self.full_alloc._state
+        seen_f, seen_s, evict_f, evict_s = set(), set(), 0, 0
+        for root in self._roots.values():
+            assert root.parent is None and not root.full and root.end == 0
+            for key, c in root.children.items():
+                assert c.parent is root
+        for n in self._nodes():
+            p = n.parent
+            assert n.alive and p.children.get(tuple(n.tokens[:P])) is n, "broken link"
+            assert n.start == p.end and len(n.full) > 0 and len(n.tokens) == len(n.full) * P
+            assert n.lock_ref >= 0 and (p.parent is None or p.lock_ref >= n.lock_ref)
+            for pg in n.full:
+                assert pg not in seen_f, f"full page {pg} held twice"
+                seen_f.add(pg)
+                want = IN_USE if n.lock_ref else EVICTABLE
+                assert fs_state[pg] == want, f"full page {pg} state {fs_state[pg]} != {want}"
+                evict_f += want == EVICTABLE
+            if not self.hybrid:
+                assert n.swa is None and not n.swa_lock
+                continue
+            assert len(n.swa) == len(n.full)
+            for i, c in n.swa_lock.items():
+                assert c > 0 and n.swa[i] >= 0 and n.lock_ref > 0, "SWA lock on a dead page"
+            for i, sp in enumerate(n.swa):
+                if sp < 0:
+                    continue
+                assert sp not in seen_s, f"SWA page {sp} held twice"
+                seen_s.add(sp)
+                want = IN_USE if i in n.swa_lock else EVICTABLE
+                assert self.swa_alloc._state[sp] == want, f"SWA page {sp} in wrong state"
+                evict_s += want == EVICTABLE
+            if not n.children:
+                assert all(m.swa[i] >= 0 for m, i in self._window(n)), \
+                    f"leaf ending at {n.end} is not window-safe (tombstoned tail)"
+        assert int(self._own_f.sum()) == len(seen_f) and all(self._own_f[list(seen_f)])
+        assert int(self._own_s.sum()) == len(seen_s) and all(self._own_s[list(seen_s)])
+        assert self.full_alloc.num_evictable == evict_f, "full pages parked outside the tree"
+        self.full_alloc.check_integrity()
+        if self.swa_alloc is not None:
+            assert self.swa_alloc.num_evictable == evict_s, "SWA pages parked outside the tree"
+            self.swa_alloc.check_integrity()
+
+    def stats(self) -> dict:
+        nodes = list(self._nodes())
+        swa = [s for n in nodes for s in (n.swa or ())]
+        out = {"mode": self.mode, "nodes": len(nodes),
+               "cached_tokens": sum(len(n.tokens) for n in nodes),
+               "full_pages": sum(len(n.full) for n in nodes),
+               "swa_live_pages": sum(s >= 0 for s in swa),
+               "swa_tombstones": sum(s < 0 for s in swa),
+               "locked_nodes": sum(n.lock_ref > 0 for n in nodes),
+               "full_pool": self.full_alloc.stats()}
+        if self.swa_alloc is not None:
+            out["swa_pool"] = self.swa_alloc.stats()
+        out.update(self.counters)
+        return out

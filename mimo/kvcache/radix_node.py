@@ -1,0 +1,145 @@
+"""Nodes of the SWA-aware radix tree and the structural helpers the tree is built from.
+
+See `radix_tree.py` for the rules. Positions are token positions from the root; logical
+page g covers positions [g * P, (g + 1) * P); a node covers pages [start / P, end / P).
+"""
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass, field
+
+from .retention import window_first_page
+
+NO_SWA = -1
+SPECULATIVE = 1 << 40   # SWA-time handicap: dense-grid windows, superseded cached ends
+
+
+class Node:
+    __slots__ = ("parent", "children", "tokens", "full", "swa", "swa_lock", "start",
+                 "lock_ref", "time", "swa_time", "alive")
+
+    def __init__(self, parent, tokens, full, swa, start, now):
+        self.parent: Node | None = parent
+        self.children: dict[tuple, Node] = {}
+        self.tokens: array = tokens          # len == len(full) * page_size
+        self.full: list[int] = full
+        self.swa: list[int] | None = swa     # NO_SWA = tombstone; None in full-kv mode
+        self.swa_lock: dict[int, int] = {}   # local page index -> lockers needing it
+        self.start = start                   # token position of tokens[0]
+        self.lock_ref = 0                    # lockers whose path includes this node
+        self.time = now                      # node LRU: last use as (part of) a prefix
+        self.swa_time = now                  # SWA LRU: last match ending here, or write
+        self.alive = True
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+@dataclass
+class MatchResult:
+    length: int                 # window-safe reusable tokens (page multiple)
+    prefix_len: int             # tokens equal to a cached path (>= length): the branch point
+    node: Node | None           # node ending at `length` (a root when length == 0)
+    full_pages: list[int] = field(default_factory=list)           # one per page of `length`
+    swa_pages: list[int | None] = field(default_factory=list)     # None outside the window
+    swa_first: int = 0          # first logical page with SWA in swa_pages (window start)
+
+
+@dataclass
+class InsertResult:
+    dup_full: list[int]         # caller's full pages the tree did not take: caller frees
+    dup_swa: list[int]          # caller's SWA pages the tree did not take: caller frees
+    remap: list[tuple[int, int]]  # (tree full page, caller SWA page) revived: fix full->SWA map
+    cached_len: int             # tokens of the sequence now in the tree
+
+
+class TreeCore:
+    """Walking, splitting and the window arithmetic, shared by the tree and its eviction."""
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _tok(self, tokens) -> array:
+        return tokens if isinstance(tokens, array) and tokens.typecode == "q" else array("q", tokens)
+
+    def _root(self, ns, create=False) -> Node | None:
+        r = self._roots.get(ns)
+        if r is None and create:
+            r = self._roots[ns] = Node(None, array("q"), [], [] if self.hybrid else None, 0, 0)
+        return r
+
+    def _walk(self, root: Node | None, toks: array, n_pages: int):
+        """Path of (node, pages matched in it) along toks' first n_pages pages."""
+        P, path, pos, node = self.P, [], 0, root
+        while node is not None and pos // P < n_pages:
+            child = node.children.get(tuple(toks[pos:pos + P]))
+            if child is None:
+                break
+            k = min(len(child.full), n_pages - pos // P)
+            if child.tokens[:k * P] != toks[pos:pos + k * P]:
+                lo, hi = 1, k - 1       # first page equal (it is the key); find the last
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if child.tokens[:mid * P] == toks[pos:pos + mid * P]:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                k = lo
+            path.append((child, k))
+            pos += k * P
+            node = child if k == len(child.full) else None
+        return path, pos
+
+    def _safe_pages(self, live: list[bool], q: int, lo: int = 0) -> int:
+        """Largest p in (lo, q] with SWA live (live[i]) on every page of the window before
+        p*P, or lo if there is none."""
+        P, W = self.P, self.W
+        while q > lo:
+            for j in range(q - 1, window_first_page(q * P, W, P) - 1, -1):
+                if not live[j]:
+                    q = j           # any safe end must lie at or before the dead page
+                    break
+            else:
+                return q
+        return lo
+
+    def _split(self, node: Node, k: int) -> Node:
+        """Split `node` after its first k pages; the new prefix node is returned and `node`
+        keeps the suffix (so its end, and references to it, do not change)."""
+        P, parent = self.P, node.parent
+        pre = Node(parent, node.tokens[:k * P], node.full[:k],
+                   None if node.swa is None else node.swa[:k], node.start, node.time)
+        pre.lock_ref, pre.swa_time = node.lock_ref, node.swa_time
+        pre.swa_lock = {i: c for i, c in node.swa_lock.items() if i < k}
+        node.swa_lock = {i - k: c for i, c in node.swa_lock.items() if i >= k}
+        node.tokens, node.full = node.tokens[k * P:], node.full[k:]
+        if node.swa is not None:
+            node.swa = node.swa[k:]
+        node.start += k * P
+        parent.children[tuple(pre.tokens[:P])] = pre
+        pre.children[tuple(node.tokens[:P])] = node
+        node.parent = pre
+        self._push_swa(pre)
+        return pre
+
+    def _window(self, node: Node):
+        """(node, local page) pairs holding the window before node.end, walking up."""
+        P, out = self.P, []
+        first = window_first_page(node.end, self.W, P)
+        n = node
+        while n is not None and n.parent is not None and n.end // P > first:
+            s = n.start // P
+            out.extend((n, i - s) for i in range(max(first, s), n.end // P))
+            n = n.parent
+        return out
+
+    # lazy heaps: an entry is valid while its node lives and its time is unchanged
+    def _push_leaf(self, node: Node) -> None:
+        if not node.children and node.lock_ref == 0 and node.parent is not None:
+            heapq.heappush(self._leaf_heap, (node.time, next(self._seq), node))
+
+    def _push_swa(self, node: Node) -> None:
+        if self.hybrid and node.parent is not None:
+            heapq.heappush(self._swa_heap, (node.swa_time, next(self._seq), node))

@@ -1,0 +1,267 @@
+"""SWA-aware radix tree over page-aligned token keys (DESIGN.md section 4).
+
+Each node holds a segment of whole pages: its tokens, one full page per page of tokens and
+one SWA page per page, or NO_SWA where the SWA KV was freed (a tombstone: the full KV stays
+so the prefix still serves longer matches). Keys live under a per-namespace root (media
+hashes, cache salt): equal tokens in different namespaces never share KV.
+
+Invariants (all checked by `check_integrity`):
+- a page is held by at most one node; a held page is IN_USE in its allocator while a lock
+  covers it and EVICTABLE (parked) otherwise; the tree is the only one that parks pages;
+- full locks cover a locked node and its ancestors (`lock_ref`); SWA locks cover only the
+  window before a locked node's end (`swa_lock`), so SWA outside a running request's window
+  can still be freed;
+- every leaf's end is window-safe: a leaf is never a tombstone and no full KV is cached that
+  no window-safe match could reach. Insert trims to the last safe point, SWA eviction never
+  frees a page inside a leaf's tail window, and evicting a leaf trims its parent if needed;
+- a node's end never changes once created: splitting makes a new node for the *prefix*, so
+  references held in `MatchResult.node` stay valid.
+
+SWA priorities (the SWA LRU order): a window's time is its last use as a match end. Two
+kinds start handicapped by SPECULATIVE, so they only hold SWA room nothing else wants
+until a match ends at them: windows kept only by the policy's dense grid, and a leaf's
+tail window once a longer request extends that path (the conversation moved on: later
+turns match the new end; the old one is only a fallback for forks).
+
+Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
+holding every layer, every cached prefix reusable) and 'off' (no caching).
+Eviction, trimming and the integrity check live in `radix_evict.py`, nodes and the
+structural helpers in `radix_node.py`.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Callable, Hashable
+
+import numpy as np
+
+from .allocator import PageAllocator
+from .radix_evict import EvictMixin
+from .radix_node import (NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node,  # noqa: F401
+                         TreeCore)
+from .retention import RetentionPolicy, window_first_page
+
+MODES = ("hybrid", "full-kv", "off")
+
+
+class RadixTree(TreeCore, EvictMixin):
+    def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
+                 swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
+                 mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}")
+        if mode == "hybrid" and swa_alloc is None:
+            raise ValueError("hybrid mode needs an SWA allocator")
+        self.P, self.W, self.mode = page_size, window, mode
+        self.hybrid = mode == "hybrid"
+        self.full_alloc, self.swa_alloc = full_alloc, swa_alloc
+        self.policy = policy or RetentionPolicy()
+        self.unmap = unmap      # told which full pages lost their SWA (DualPool.full_to_swa)
+        self._roots: dict[Hashable, Node] = {}
+        # Which pages the tree holds: a page passed to insert is handed back exactly when
+        # the tree does not hold it afterwards, whatever the caller's tokens cover.
+        self._own_f = np.zeros(full_alloc.capacity, dtype=bool)
+        self._own_s = np.zeros(swa_alloc.capacity if self.hybrid else 0, dtype=bool)
+        self._clock = 0
+        self._seq = itertools.count()           # heap tie-breaker
+        self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
+        self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
+        self._heap_cap = 65536                  # compact a heap that grows past this
+        self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
+                             evicted_swa=0, tombstoned_swa=0, revived_swa=0)
+
+    def owns_full(self, page: int) -> bool:
+        """Whether the tree holds this full page (a request must never free it)."""
+        return bool(self._own_f[page])
+
+    def owns_swa(self, page: int) -> bool:
+        return self.hybrid and bool(self._own_s[page])
+
+    # ---- match / lock ------------------------------------------------------------------
+    def match(self, tokens, namespace: Hashable = None) -> MatchResult:
+        """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
+        passes the prompt without its last token, which it must compute anyway. The match
+        node is split so that it ends exactly at `length`."""
+        self.counters["matches"] += 1
+        root = self._root(namespace)
+        if self.mode == "off" or root is None:
+            return MatchResult(0, 0, root)
+        P, now = self.P, self._tick()
+        toks = self._tok(tokens)
+        path, m = self._walk(root, toks, len(toks) // P)
+        q = m // P
+        if self.hybrid:
+            q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
+        node, done, full = root, 0, []
+        for n, k in path:
+            if done == q:
+                break
+            take = min(k, q - done)
+            if take < len(n.full):
+                n = self._split(n, take)
+            full.extend(n.full)
+            done += take
+            n.time = now
+            self._push_leaf(n)
+            node = n
+        res = MatchResult(q * P, m, node, full)
+        self.counters["matched_tokens"] += q * P
+        self.counters["prefix_tokens"] += m
+        if self.hybrid:
+            res.swa_first = window_first_page(q * P, self.W, P)
+            res.swa_pages = [None] * q
+            for n, i in self._window(node):
+                res.swa_pages[n.start // P + i] = n.swa[i]
+                if n.swa_time != now:
+                    n.swa_time = now
+                    self._push_swa(n)
+        return res
+
+    def lock(self, node: Node | None) -> None:
+        """Keep the full KV of root..node and the SWA window before node.end (the pages a
+        request admitted with this match reads) from eviction."""
+        if node is None or node.parent is None:
+            return
+        n = node
+        while n.parent is not None:
+            n.lock_ref += 1
+            if n.lock_ref == 1:
+                self.full_alloc.unpark(n.full)
+            n = n.parent
+        for n, i in (self._window(node) if self.hybrid else ()):
+            assert n.swa[i] >= 0, "locking a window that is not live"
+            c = n.swa_lock.get(i, 0)
+            n.swa_lock[i] = c + 1
+            if c == 0:
+                self.swa_alloc.unpark([n.swa[i]])
+
+    def unlock(self, node: Node | None) -> None:
+        if node is None or node.parent is None:
+            return
+        for n, i in (self._window(node) if self.hybrid else ()):
+            c = n.swa_lock[i] - 1
+            if c:
+                n.swa_lock[i] = c
+            else:
+                del n.swa_lock[i]
+                self.swa_alloc.park([n.swa[i]])
+                self._push_swa(n)
+        n = node
+        while n.parent is not None:
+            n.lock_ref -= 1
+            assert n.lock_ref >= 0, "unlock without lock"
+            if n.lock_ref == 0:
+                self.full_alloc.park(n.full)
+                self._push_leaf(n)
+            n = n.parent
+
+    # ---- insert ------------------------------------------------------------------------
+    def checkpoints(self, total_len: int, prompt_len: int | None, branch_len: int) -> list[int]:
+        return self.policy.checkpoints(total_len, prompt_len, branch_len, self.P)
+
+    def keep_pages(self, total_len: int, prompt_len: int | None, branch_len: int) -> set[int]:
+        """Logical pages whose SWA a running request must not release: window release
+        skips them so insert can keep them (branch_len: `MatchResult.prefix_len`)."""
+        if self.policy.keep_all:
+            return set(range(-(-total_len // self.P)))
+        return self.policy.keep_pages(self.checkpoints(total_len, prompt_len, branch_len),
+                                      self.W, self.P)
+
+    def insert(self, tokens, full_pages: list[int], swa_pages=None, namespace: Hashable = None,
+               prompt_len: int | None = None) -> InsertResult:
+        """Hand a finished (or preempted) request's pages to the tree.
+
+        `full_pages[i]` / `swa_pages[i]` hold the KV of tokens [i*P, (i+1)*P); SWA entries
+        that were released are None (or NO_SWA). `tokens` are the tokens with KV. Afterwards
+        every page passed is either held by the tree (`owns_full` / `owns_swa`: taken now,
+        or the tree's already, like the pages of this request's match) or listed in `dup_*`
+        for the caller to free; never both. The caller then unlocks its match node. What is
+        kept: pages up to the policy's cached end (cut back to the last window-safe point),
+        SWA only on the policy's checkpoint windows; tombstones the caller recomputed are
+        revived (`remap` lists them: the tree's full page now pairs with the caller's SWA
+        page, so a full->SWA map must be updated).
+        """
+        P = self.P
+        if len(full_pages) > -(-len(tokens) // P):
+            raise ValueError(f"{len(full_pages)} pages for {len(tokens)} tokens: pass the "
+                             "tokens whose KV the pages hold")
+        swa_pages = list(swa_pages or [])
+        swa_pages += [None] * (len(full_pages) - len(swa_pages))
+        caller_swa = [s for s in swa_pages if s is not None and s >= 0]
+        if self.mode == "off":
+            return InsertResult(list(full_pages), caller_swa, [], 0)
+        now, toks = self._tick(), self._tok(tokens)
+        n = min(len(full_pages), len(toks) // P)
+        root = self._root(namespace, create=True)
+        path, m = self._walk(root, toks, n)
+        mq = m // P
+        q_end = self.policy.cache_len(len(toks), P, prompt_len) // P
+        cps = self.checkpoints(len(toks), prompt_len, m)
+        if self.hybrid:
+            keep = (set(range(q_end)) if self.policy.keep_all
+                    else self.policy.keep_pages(cps, self.W, P))
+            firm = (keep if self.policy.keep_all else self.policy.keep_pages(
+                self.policy.checkpoints(len(toks), prompt_len, m, P, firm_only=True), self.W, P))
+            tree_swa = [s for nd, k in path for s in nd.swa[:k]]
+            live = [(i < mq and tree_swa[i] >= 0)
+                    or (i in keep and swa_pages[i] is not None and swa_pages[i] >= 0)
+                    for i in range(q_end)]
+            q_end = self._safe_pages(live, q_end)
+        remap, revived_nodes = [], []
+        base = 0
+        for nd, k in path:                  # the part already cached: maybe revive SWA
+            nd.time = now
+            self._push_leaf(nd)
+            for i in range(k):
+                g = base + i
+                s = swa_pages[g]
+                if not self.hybrid or s is None or s < 0:
+                    continue
+                if nd.swa[i] < 0 and g in keep:
+                    nd.swa[i] = s
+                    self.swa_alloc.park([s])
+                    self._own_s[s] = True
+                    self.counters["revived_swa"] += 1
+                    if full_pages[g] != nd.full[i]:
+                        remap.append((nd.full[i], s))
+                    revived_nodes.append((nd, g))
+            base += k
+        for nd, g in revived_nodes:
+            if g in firm:
+                nd.swa_time = now
+            self._push_swa(nd)
+        if q_end > mq:                      # the new part: new nodes split at checkpoints
+            parent = root
+            if path:
+                last, k = path[-1]
+                parent = self._split(last, k) if k < len(last.full) else last
+                if parent is last and not last.children and self.hybrid:
+                    # A conversation continued past its cached end: later turns will match
+                    # the new end; the old window is only a fallback for forks now.
+                    last.swa_time = now - SPECULATIVE
+                    self._push_swa(last)
+            bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
+            lo = mq
+            for hi in bounds:
+                swa = None
+                if self.hybrid:
+                    swa = [swa_pages[i] if (i in keep and swa_pages[i] is not None
+                                            and swa_pages[i] >= 0) else NO_SWA
+                           for i in range(lo, hi)]
+                nd = Node(parent, toks[lo * P:hi * P], list(full_pages[lo:hi]), swa, lo * P, now)
+                parent.children[tuple(nd.tokens[:P])] = nd
+                self.full_alloc.park(nd.full)
+                self._own_f[nd.full] = True
+                if swa is not None:
+                    live_s = [s for s in swa if s >= 0]
+                    self.swa_alloc.park(live_s)
+                    self._own_s[live_s] = True
+                    if not any(i in firm for i in range(lo, hi)):
+                        nd.swa_time = now - SPECULATIVE   # older than anything firm
+                    self._push_swa(nd)
+                parent, lo = nd, hi
+            self._push_leaf(parent)
+        dup_full = [p for p, o in zip(full_pages, self._own_f[list(full_pages)]) if not o]
+        dup_swa = ([s for s, o in zip(caller_swa, self._own_s[caller_swa]) if not o]
+                   if self.hybrid else caller_swa)
+        return InsertResult(dup_full, dup_swa, remap, max(q_end, mq) * P)

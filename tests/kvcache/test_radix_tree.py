@@ -1,0 +1,224 @@
+"""SWA-aware radix tree: the rules of DESIGN.md section 4, one scenario each.
+
+Page size 4 and window 8 throughout: a prefix of length L needs live SWA on the pages
+holding positions [L - 7, L), i.e. pages (L - 7) // 4 .. L // 4 - 1 (two or three pages).
+"""
+from __future__ import annotations
+
+import pytest
+
+from mimo.kvcache.allocator import EVICTABLE, IN_USE, PageAllocator
+from mimo.kvcache.radix_tree import RadixTree
+from mimo.kvcache.retention import RetentionPolicy
+from radix_model import brute_match, flatten
+
+P, W = 4, 8
+KEEP = RetentionPolicy(keep_all=True)
+
+
+def make(mode="hybrid", policy=KEEP, pages=64):
+    fa, sa = PageAllocator(pages, "full"), PageAllocator(pages, "swa")
+    return RadixTree(P, W, fa, sa if mode == "hybrid" else None, policy, mode), fa, sa
+
+
+def run(tree, toks, live=None, ns=None, prompt_len=None):
+    """One request: match, lock, compute the rest, keep SWA on pages in `live` (all if
+    None), insert, free duplicates, unlock. Returns (match, insert result)."""
+    fa, sa = tree.full_alloc, tree.swa_alloc
+    m = tree.match(toks, ns)
+    tree.lock(m.node)
+    q0, n = m.length // P, -(-len(toks) // P)
+    full = m.full_pages + fa.alloc(n - q0)
+    swa = None
+    if tree.hybrid:
+        swa = list(m.swa_pages) + sa.alloc(n - q0)
+        for i in range(q0, n):
+            if live is not None and i not in live:
+                sa.free([swa[i]])
+                swa[i] = None
+    res = tree.insert(toks, full, swa, ns, prompt_len=prompt_len)
+    fa.free(res.dup_full)
+    if sa is not None:
+        sa.free(res.dup_swa)
+    tree.unlock(m.node)
+    tree.check_integrity()
+    return m, res
+
+
+def seq(n, base=0):
+    return list(range(base, base + n))
+
+
+def test_match_is_cut_back_to_the_last_live_window():
+    tree, fa, sa = make()
+    # 40 tokens; SWA kept for the window before 20 (pages 3, 4) and the tail (pages 8, 9).
+    run(tree, seq(40), live={3, 4, 8, 9})
+    assert flatten(tree) and tree.stats()["swa_live_pages"] == 4
+    for n, want in [(40, 40), (39, 20), (36, 20), (24, 20), (20, 20), (19, 0), (8, 0)]:
+        m = tree.match(seq(n))
+        assert m.length == want, (n, m.length)
+        assert (m.length, m.prefix_len) == brute_match(flatten(tree), None, seq(n), P, W)
+        assert m.prefix_len == n // P * P
+    m = tree.match(seq(20))
+    assert m.swa_first == 3 and m.swa_pages[:3] == [None] * 3
+    assert all(s is not None and s >= 0 for s in m.swa_pages[3:])
+    assert len(m.full_pages) == 5 and len(set(m.full_pages)) == 5
+
+
+def test_short_prefix_needs_live_swa_from_the_root():
+    tree, *_ = make()
+    run(tree, seq(12), live={1, 2})          # page 0 released: no prefix shorter than 8 ...
+    assert tree.match(seq(4)).length == 0
+    assert tree.match(seq(8)).length == 0    # ... and 8 needs positions 1..7: pages 0, 1
+    assert tree.match(seq(12)).length == 12  # 12 needs positions 5..11: pages 1, 2
+    tree2, *_ = make()
+    run(tree2, seq(12))
+    assert [tree2.match(seq(n)).length for n in (4, 8, 12)] == [4, 8, 12]
+
+
+def test_lock_keeps_full_path_and_only_the_window_of_swa():
+    tree, fa, sa = make()
+    run(tree, seq(40))                       # every SWA page live
+    m = tree.match(seq(24))
+    tree.lock(m.node)
+    assert tree.evict(64, 64) == (4, 10 - 2)  # pages 6..9 whole; SWA of pages 0..3, 6..9
+    tree.check_integrity()
+    assert tree.match(seq(40)).length == 24   # full [0, 24) and SWA pages 4, 5 survive
+    assert [fa._state[p] for p in m.full_pages] == [IN_USE] * 6
+    assert fa.num_in_use == 6 and sa.num_in_use == 2 and fa.num_evictable == 0
+    tree.unlock(m.node)
+    tree.check_integrity()
+    assert fa.num_evictable == 6 and sa.num_evictable == 2
+    tree.evict(64, 64)
+    tree.check_integrity()
+    assert fa.num_free == 64 and sa.num_free == 64 and tree.stats()["nodes"] == 0
+
+
+def test_swa_eviction_tombstones_interior_keeps_leaf_tails():
+    tree, fa, sa = make()
+    branch = seq(20) + seq(20, 100)
+    run(tree, seq(40), prompt_len=21)        # checkpoint at 20: nodes [0, 20) [20, 40)
+    run(tree, branch)                        # a second leaf below 20
+    tree.match(seq(40))                      # both leaves used after the branch point's SWA
+    tree.match(branch)
+    # The SWA order picks the interior node (its SWA last used when the branch matched it):
+    # all 5 of its SWA pages go, no leaf window reaches back into it, no full page goes.
+    assert tree.evict(0, 1) == (0, 5)
+    tree.check_integrity()
+    assert tree.match(seq(20)).length == 0
+    assert tree.match(seq(40)).length == 40 and tree.match(branch).length == 40
+    # Leaves keep their tails: more SWA pressure evicts leaves whole, never tombstones them.
+    assert tree.evict(0, 5) == (5, 5)        # the older leaf, [20, 40) of seq(40)
+    tree.check_integrity()
+    assert tree.match(branch).length == 40 and tree.match(seq(40)).length == 0
+    # The last leaf goes, and its parent, a tombstone now a leaf, with it.
+    assert tree.evict(0, 1) == (10, 5)
+    tree.check_integrity()
+    assert tree.stats()["nodes"] == 0 and fa.num_free == sa.num_free == 64
+
+
+def test_evicting_a_leaf_trims_a_parent_with_a_dead_tail():
+    tree, fa, sa = make()
+    run(tree, seq(40), live={3, 4, 8, 9}, prompt_len=21)
+    run(tree, seq(32) + seq(8, 200), live={6, 7, 8, 9})   # branch at 32: window 6, 7 live
+    assert tree.match(seq(32)).length == 32
+    tree.evict(0, 2)      # SWA-only eviction may tombstone the branch window (pages 6, 7)
+    tree.check_integrity()
+    # Whatever went, every leaf still ends window-safe and matches agree with brute force.
+    for q in (seq(40), seq(32) + seq(8, 200), seq(32), seq(28)):
+        assert tree.match(q).length == brute_match(flatten(tree), None, q, P, W)[0]
+    tree.evict(64, 0)
+    tree.check_integrity()
+    assert fa.num_free == 64 and sa.num_free == 64
+
+
+def test_parent_left_as_tombstone_is_trimmed_to_its_checkpoint():
+    tree, fa, sa = make()
+    run(tree, seq(40), live={3, 4, 8, 9}, prompt_len=21)   # nodes [0,20) [20,40)
+    run(tree, seq(28) + seq(12, 300), live={5, 6, 8, 9})    # branch at 28: window 5, 6 live
+    node28 = tree.match(seq(28)).node
+    assert node28.end == 28
+    # Evict both leaves below 28: the [20, 28) segment keeps a live tail window (5, 6).
+    tree.evict(5, 0)
+    tree.check_integrity()
+    assert tree.match(seq(40)).length in (20, 28)
+    tree.evict(64, 0)
+    tree.check_integrity()
+    assert tree.stats()["nodes"] == 0 and sa.num_free == 64
+
+
+def test_insert_of_cached_prefix_returns_the_callers_duplicates():
+    tree, fa, sa = make()
+    a_full, a_swa = fa.alloc(5), sa.alloc(5)
+    b_full, b_swa = fa.alloc(5), sa.alloc(5)
+    ra = tree.insert(seq(20), a_full, a_swa)
+    assert ra.dup_full == [] and ra.dup_swa == []
+    rb = tree.insert(seq(20), b_full, b_swa)   # computed concurrently: all duplicates
+    assert sorted(rb.dup_full) == sorted(b_full) and sorted(rb.dup_swa) == sorted(b_swa)
+    fa.free(rb.dup_full)
+    sa.free(rb.dup_swa)
+    tree.check_integrity()
+    assert fa.num_evictable == 5 and fa.num_in_use == 0
+    with pytest.raises(ValueError):
+        tree.insert(seq(3), fa.alloc(2), None)
+
+
+def test_insert_revives_tombstones_and_reports_remap():
+    tree, fa, sa = make()
+    run(tree, seq(40), live={3, 4, 8, 9})
+    m, res = run(tree, seq(36) + [999])     # cut back to 20, recomputes [20, 37)
+    assert m.length == 20 and m.prefix_len == 36
+    # Pages 5..7 of the tree are tombstones the request recomputed: revived with its pages;
+    # its page 8 duplicates a live one and its partial page 9 is not cached: both returned.
+    assert len(res.remap) == 3 and tree.counters["revived_swa"] == 3
+    assert len(res.dup_swa) == 2 and len(res.dup_full) == 5
+    assert tree.match(seq(36)).length == 36 and tree.match(seq(28)).length == 28
+    tree_full = {fp for fp, _ in res.remap}
+    assert tree_full <= {v[0] for v in flatten(tree).values()}
+
+
+def test_namespaces_do_not_share():
+    tree, *_ = make()
+    run(tree, seq(16), ns="img-a")
+    assert tree.match(seq(16), "img-a").length == 16
+    assert tree.match(seq(16), "img-b").length == 0 and tree.match(seq(16)).length == 0
+
+
+def test_match_node_reference_survives_later_splits():
+    tree, *_ = make()
+    run(tree, seq(40))
+    m = tree.match(seq(40))
+    tree.lock(m.node)
+    run(tree, seq(12) + seq(20, 500))       # splits the locked path at 12
+    assert m.node.end == 40 and m.node.alive
+    tree.unlock(m.node)
+    tree.check_integrity()
+
+
+def test_full_kv_mode_is_a_plain_prefix_cache():
+    tree, fa, _ = make("full-kv")
+    run(tree, seq(40))
+    assert [tree.match(seq(n)).length for n in (39, 8, 3)] == [36, 8, 0]
+    assert tree.match(seq(8)).swa_pages == []
+    tree.evict(64)
+    tree.check_integrity()
+    assert fa.num_free == 64
+
+
+def test_cache_off_returns_everything():
+    tree, fa, sa = make("off")
+    m, res = run(tree, seq(20))
+    assert m.length == 0 and len(res.dup_full) == 5 and res.cached_len == 0
+    assert fa.num_free == 64
+    assert tree.insert(seq(8), [1, 2], [3, None]).dup_swa == [3]
+
+
+def test_real_policy_keeps_only_checkpoint_windows():
+    tree, fa, sa = make(policy=RetentionPolicy())
+    run(tree, seq(60), prompt_len=41)       # checkpoints: prompt end 40, tail 60
+    st = tree.stats()
+    assert st["swa_live_pages"] == 4 and st["cached_tokens"] == 60 and st["nodes"] == 2
+    assert tree.match(seq(60)).length == 60 and tree.match(seq(44)).length == 40
+    assert tree.match(seq(39)).length == 0
+    assert {fa._state[v[0]] for v in flatten(tree).values()} == {EVICTABLE}
+    assert sa.num_free == 60 and sa.num_evictable == 4
