@@ -2,7 +2,7 @@
 a request do not depend on how its prompt was chunked or what it was batched with."""
 import pytest
 
-from conftest import long_prompt_ids
+from mimo_testing import long_prompt_ids
 from mimo import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import loaded_from_hf
+from mimo_testing import loaded_from_hf
 from mimo import LLM, SamplingParams
 
 

@@ -1,7 +1,7 @@
 """Window release: a long request holds only its window of SWA KV, and all of its full KV."""
 import torch
 
-from conftest import loaded_from_hf, tiny_gemma3_hf
+from mimo_testing import loaded_from_hf, tiny_gemma3_hf
 from mimo import LLM, SamplingParams
 
 PAGE, CHUNK, WINDOW = 16, 256, 512
