@@ -50,9 +50,6 @@ class PrefixCache:
             seq.swa_released = m.swa_first
         return m.length
 
-    def abandon(self, m) -> None:
-        """A match that was not admitted: nothing to undo (match itself locks nothing)."""
-
     # ---- while running / at the end -----------------------------------------------------
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
         """Insert the request's whole pages of KV so far and move its lock to them."""

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import PipelineClosed, PipelineError, QueueFull, StageError
+from .errors import PipelineClosed, QueueFull, StageError
 from .request import Request, StageTiming
-from .stage import Stage, tag
+from .stage import Stage, stage_errors
 
 log = logging.getLogger("mimo.pipeline")
 
@@ -137,32 +137,26 @@ class BatchStage(Stage):
         self._start()
         if self.max_queue is not None and len(self._queue) >= self.max_queue:
             raise QueueFull(f"{len(self._queue)} requests queued", stage=self.name)
-        try:
+        with stage_errors(self.name):
             cost = float(self.cost(req))
-        except PipelineError as e:
-            raise tag(e, self.name)
-        except Exception as e:
-            raise StageError(self.name, e) from e
         loop = self._loop
         item = _Item(req, loop.create_future(), cost, loop.time())
         self._queue.append(item)
         self._wakeup.set()
         req.stage = self.name
         try:
-            result = await item.fut
-        except asyncio.CancelledError:
-            # Invariant: a cancelled caller's item is never handed to process_batch. If it
-            # is still queued, take it out now; if its batch already runs, its answer is
-            # dropped (its future is cancelled, so the batch skips it).
-            try:
-                self._queue.remove(item)
-            except ValueError:
-                pass
-            raise
-        except PipelineError as e:
-            raise tag(e, self.name)
-        except Exception as e:
-            raise StageError(self.name, e) from e
+            with stage_errors(self.name):
+                try:
+                    result = await item.fut
+                except asyncio.CancelledError:
+                    # Invariant: a cancelled caller's item is never handed to process_batch.
+                    # If it is still queued, take it out now; if its batch already runs, its
+                    # answer is dropped (its future is cancelled, so the batch skips it).
+                    try:
+                        self._queue.remove(item)
+                    except ValueError:
+                        pass
+                    raise
         finally:
             req.stage = None
             now = loop.time()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import re
 import time
@@ -20,6 +21,19 @@ def tag(err: PipelineError, stage: str) -> PipelineError:
     if err.stage is None:
         err.stage = stage
     return err
+
+
+@contextlib.contextmanager
+def stage_errors(stage: str):
+    """The one rule for what escapes a stage: PipelineErrors keep their type (tagged with
+    the stage), any other Exception becomes StageError. Cancellation (a BaseException)
+    passes through untouched."""
+    try:
+        yield
+    except PipelineError as e:
+        raise tag(e, stage)
+    except Exception as e:
+        raise StageError(stage, e) from e
 
 
 class Stage:
@@ -101,11 +115,8 @@ class Stage:
         t1 = time.monotonic()
         req.stage = self.name
         try:
-            result = await self.process(req)
-        except PipelineError as e:
-            raise tag(e, self.name)
-        except Exception as e:
-            raise StageError(self.name, e) from e
+            with stage_errors(self.name):
+                result = await self.process(req)
         finally:
             req.stage = None
             if sem is not None:
@@ -126,18 +137,15 @@ class Stage:
             await sem.acquire()
         t1 = time.monotonic()
         try:
-            req.stage = self.name
-            gen = self.process(req) if upstream is None else self.process(req, upstream)
-            try:
-                async for item in gen:
-                    yield item
-                    req.stage = self.name   # a downstream stage ran while we were suspended
-            finally:
-                await gen.aclose()
-        except PipelineError as e:
-            raise tag(e, self.name)
-        except Exception as e:
-            raise StageError(self.name, e) from e
+            with stage_errors(self.name):
+                req.stage = self.name
+                gen = self.process(req) if upstream is None else self.process(req, upstream)
+                try:
+                    async for item in gen:
+                        yield item
+                        req.stage = self.name   # a downstream stage ran while we were suspended
+                finally:
+                    await gen.aclose()
         finally:
             req.stage = None
             if sem is not None:
