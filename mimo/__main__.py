@@ -22,6 +22,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
                    help="fraction of the KV budget for the SWA pool (default: from model shapes)")
+    g.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of cached prompt prefixes (SWA-aware radix tree; "
+                        "--no-prefix-cache turns it off)")
+    g.add_argument("--retention", default="hybrid-output",
+                   choices=["hybrid-output", "hybrid", "prompt-only", "keep-all"],
+                   help="which SWA KV the prefix cache keeps after a request: hybrid-output "
+                        "(prompt, output end, branch points, sparse grid), hybrid (the same "
+                        "without outputs: for models whose next turn drops them), prompt-only, "
+                        "keep-all")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="token budget of one step (prefill chunk size)")
@@ -32,6 +41,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--aging-per-second", type=float, default=1000.0,
                    help="compute-aware aging: a waiting request gains this many tokens of "
                         "priority per second (bounds every wait)")
+    g.add_argument("--admission", default="reserve", choices=["reserve", "optimistic"],
+                   help="reserve: admit when prompt + max_tokens fit (no preemption); "
+                        "optimistic: admit when the prompt fits, preempt the newest request "
+                        "if decoding runs out of KV (its KV stays in the prefix cache)")
     g.add_argument("--length-buckets", default=None,
                    help="comma-separated prompt-length cut points, e.g. 4096,16384: one "
                         "prefill batch holds one bucket only (default: none)")
@@ -51,9 +64,10 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 def engine_opts(a: argparse.Namespace) -> dict:
     return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
+                prefix_cache=a.prefix_cache, retention=a.retention,
                 max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
                 num_threads=a.threads, device=a.device, policy=a.policy,
-                aging_per_second=a.aging_per_second, length_buckets=_buckets(a.length_buckets))
+                aging_per_second=a.aging_per_second, admission=a.admission, length_buckets=_buckets(a.length_buckets))
 
 
 def _generate(a: argparse.Namespace) -> int:

@@ -113,8 +113,7 @@ class CacheConfig:
     swa_share: float | None = None
     planning_context: int | None = None
     layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
-    # The SWA-aware prefix cache is integrated but still being validated: opt-in for now.
-    prefix_cache: bool = False
+    prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/prefix_cache.py)
     retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/retention.py)
 
     def __post_init__(self):
@@ -126,6 +125,9 @@ class CacheConfig:
             raise ConfigError("swa_share must be in (0, 1)")
         if self.layout not in ("hybrid", "full-kv"):
             raise ConfigError("layout must be 'hybrid' or 'full-kv'")
+        from .kvcache.retention import POLICIES
+        if self.retention not in POLICIES:
+            raise ConfigError(f"retention must be one of {', '.join(POLICIES)}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CacheConfig":
@@ -149,8 +151,14 @@ class SchedulerConfig:
     policy: str = "compute-aware"
     aging_per_second: float = 1000.0
     length_buckets: tuple[int, ...] | None = None
+    # 'reserve': admit a request only when prompt + max_tokens fit (it never waits for
+    # memory once running); 'optimistic': admit when its prompt fits and preempt the newest
+    # request when decoding runs out of full-pool pages (more requests run at once).
+    admission: str = "reserve"
 
     def __post_init__(self):
+        if self.admission not in ("reserve", "optimistic"):
+            raise ConfigError("admission must be 'reserve' or 'optimistic'")
         if self.max_num_seqs < 1:
             raise ConfigError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:

@@ -138,11 +138,18 @@ class Server:
         done = req.data.get("completion_tokens", 0)
         es = req.data.get("engine_stream")
         cached = es.cached_tokens if es is not None else 0
-        self.metrics.prompt_tokens.inc(prompt)
-        self.metrics.generation_tokens.inc(done)
-        self.metrics.cached_tokens.inc(cached)
         return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
                 "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _account(self, req) -> None:
+        """Count a finished request's tokens and queue wait (once, streamed or not)."""
+        es = req.data.get("engine_stream")
+        self.metrics.prompt_tokens.inc(len(req.data.get("tokenize") or []))
+        self.metrics.generation_tokens.inc(req.data.get("completion_tokens", 0))
+        if es is not None:
+            self.metrics.cached_tokens.inc(es.cached_tokens)
+            if es.seq.queue_wait is not None:
+                self.metrics.observe_queue_wait(es.seq.queue_wait)
 
     async def _collect(self, stream, first):
         text, finish = [], None
@@ -167,6 +174,7 @@ class Server:
             return resp
         self.metrics.e2e.observe(time.perf_counter() - t0)
         self.metrics.requests.labels(endpoint, "200").inc()
+        self._account(req)
         rid, created = _id(kind), int(time.time())
         if kind == "chat":
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -220,6 +228,7 @@ class Server:
         finally:
             with contextlib.suppress(Exception):
                 await stream.aclose()
+            self._account(req)
             self.metrics.requests.labels(endpoint, status).inc()
             self.metrics.e2e.observe(time.perf_counter() - t0)
 

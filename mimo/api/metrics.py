@@ -20,6 +20,17 @@ class Metrics:
         self.running = Gauge("mimo_running_requests", "Requests running in the engine", registry=r)
         self.pool = Gauge("mimo_kv_pool_pages", "KV pool pages by state", ["pool", "state"], registry=r)
         self.steps = Gauge("mimo_engine_steps", "Engine iterations run so far", registry=r)
+        self.queue_wait = Histogram("mimo_queue_wait_seconds", "Time from arrival to admission",
+                                    buckets=_LAT, registry=r)
+        self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",
+                                    "Longest time any request waited for admission", registry=r)
+        self._max_wait = 0.0
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.observe(seconds)
+        if seconds > self._max_wait:
+            self._max_wait = seconds
+            self.queue_wait_max.set(seconds)
 
     def observe_engine(self, engine, steps: int = 0) -> None:
         """Sample the engine's queue and pools (a racy read of counters: fine for gauges)."""

@@ -3,7 +3,12 @@
 Each step: every running request in decode gets its one token, then prefill chunks (running
 requests first, then newly admitted ones in queue order) fill the rest of the token budget.
 
-Admission reserves each request's worst case. Full pool: pages for prompt + max_tokens. SWA
+Admission (`SchedulerConfig.admission`) 'reserve' reserves each request's worst case, below;
+'optimistic' reserves only the full pages of its prefill plus one, and before each step
+preempts the newest running request while decoding requests could not grow (`preempt`:
+its KV goes to the prefix cache, it rejoins the queue with its arrival time and resumes by
+prefilling prompt + output so far, mostly cache hits). SWA is always reserved as below.
+With 'reserve': Full pool: pages for prompt + max_tokens. SWA
 pool: every running request's steady window (window + one page), plus one step's transient
 prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the excess is
 released at the end of its step). So decode tokens can always grow, at least one prefill
@@ -39,17 +44,35 @@ class Scheduler:
         self.cfg = cfg
         self.pool = pool
         self.cache = cache          # PrefixCache or None
-        opts = {"aging_per_second": cfg.aging_per_second} if cfg.policy == "compute-aware" else {}
+        opts = {}
+        if cfg.policy == "compute-aware":
+            # Uncached tokens as the prefix cache stands when the request arrives.
+            opts = {"aging_per_second": cfg.aging_per_second, "uncached": self._uncached}
         self.waiting: WaitingPolicy = make_policy(cfg.policy, buckets=cfg.length_buckets, **opts)
         self.running: list[Sequence] = []
         self.clock = time.monotonic
 
+    def _uncached(self, seq: Sequence) -> int:
+        tokens = seq.all_ids[:seq.prefill_end]
+        cached = self.cache.cached_len(tokens) if self.cache is not None else 0
+        return len(tokens) - cached
+
     # ---- capacity -------------------------------------------------------------------
-    def need(self, seq: Sequence) -> tuple[int, int]:
-        """(full pages, steady SWA pages) the request may hold between steps."""
+    def need(self, seq: Sequence, kv=None, worst: bool = False) -> tuple[int, int]:
+        """(full pages, steady SWA pages) the request may hold between steps. Full: every
+        token it may ever hold when admission reserves (or `worst`), else its prefill and
+        one decode page (optimistic: decode growth beyond that is met by preemption). SWA:
+        always reserved exactly, its window plus the pages it holds for the prefix cache's
+        retention checkpoints."""
         P = self.pool.page_size
-        full = _cdiv(seq.max_len, P)
+        kv = kv if kv is not None else seq.kv
+        if worst or self.cfg.admission == "reserve":
+            full = _cdiv(seq.max_len, P)
+        else:
+            full = _cdiv(min(seq.prefill_end + 1, seq.max_len), P)
         swa = swa_steady_pages(self.pool.window, P, seq.max_len) if self.pool.hybrid else 0
+        if kv is not None and self.pool.hybrid:
+            swa += len(kv.keep_swa)
         return full, swa
 
     @property
@@ -59,13 +82,14 @@ class Scheduler:
         return swa_transient_pages(self.cfg.max_num_batched_tokens, self.pool.page_size)
 
     def fits_empty_pool(self, seq: Sequence) -> bool:
-        f, s = self.need(seq)
+        f, s = self.need(seq, worst=True)
         return (f <= self.pool.full.allocator.capacity
                 and s + self._transient <= self.pool.swa.allocator.capacity)
 
-    def _can_admit(self, seq: Sequence, held: int = 0) -> bool:
-        """`held`: full pages the request already holds (a locked prefix-cache match)."""
-        f, s = self.need(seq)
+    def _can_admit(self, seq: Sequence, kv) -> bool:
+        """`kv`: the request's pages so far (a locked prefix-cache match, if any)."""
+        f, s = self.need(seq, kv)
+        held = len(kv.full_pages)
         outstanding_full = sum(max(0, self.need(r)[0] - len(r.kv.full_pages)) for r in self.running)
         fa = self.pool.full.allocator
         steady_swa = sum(self.need(r)[1] for r in self.running)
@@ -74,7 +98,8 @@ class Scheduler:
 
     # ---- queue ------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
-        self.waiting.push(seq, self.clock())
+        seq.queued_at = self.clock()
+        self.waiting.push(seq, seq.queued_at)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -82,13 +107,15 @@ class Scheduler:
     def schedule(self) -> list[ScheduledChunk]:
         budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
+        if self.cfg.admission == "optimistic":
+            self._preempt_for_decode()
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
                 out.append(self._chunk(seq, 1))
                 budget -= 1
         for seq in self.running:
             if seq.in_prefill and budget > 0:
-                n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
+                n = self._fit(seq, min(seq.prefill_end - seq.num_computed, budget))
                 if n:
                     out.append(self._chunk(seq, n))
                     budget -= n
@@ -110,10 +137,11 @@ class Scheduler:
             kv = self.pool.new_seq()
             cached = 0
             if self.cache is not None:
-                m = self.cache.match(seq.prompt_ids)
-                if m.length:
-                    cached = self.cache.adopt(kv, m)
-            if not self._can_admit(seq, len(kv.full_pages)):
+                cached = self.cache.admit(kv, seq.all_ids[:seq.prefill_end],
+                                          len(seq.prompt_ids), seq.max_len)
+            if not self._can_admit(seq, kv) and kv.keep_swa:
+                kv.keep_swa = frozenset()   # too tight to hold retention windows: run anyway
+            if not self._can_admit(seq, kv):
                 if self.cache is not None:
                     self.cache.finish(kv, [], len(seq.prompt_ids))
                 else:
@@ -122,11 +150,14 @@ class Scheduler:
                     continue
                 break
             self.waiting.pop(seq)
+            seq.admitted_at = now
             seq.kv = kv
-            seq.num_computed = seq.cached_tokens = cached
+            seq.num_computed = cached
+            if not seq.preemptions:
+                seq.cached_tokens = cached
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
+            n = self._fit(seq, min(seq.prefill_end - seq.num_computed, budget))
             if n:
                 out.append(self._chunk(seq, n))
                 budget -= n
@@ -150,18 +181,46 @@ class Scheduler:
         self.pool.grow(seq.kv, start + n)
         return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
 
+    # ---- preemption (optimistic admission) -----------------------------------------------
+    def _preempt_for_decode(self) -> None:
+        """Make room for this step's decode tokens: while the full pool (free + cache
+        evictable) cannot grow every decoding request by one token, preempt the request
+        admitted last. Its KV goes to the prefix cache (when there is one), so resuming
+        recomputes little; it rejoins the queue with its original arrival time."""
+        fa = self.pool.full.allocator
+        while True:
+            need = sum(self.pool.pages_to_grow(r.kv, r.num_computed + 1)[0]
+                       for r in self.running if not r.in_prefill)
+            room = fa.num_free + (fa.num_evictable if self.cache is not None else 0)
+            if need <= room or len(self.running) <= 1:
+                return
+            self.preempt(self.running[-1])
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        tokens = seq.all_ids[:seq.num_computed]
+        if self.cache is not None:
+            self.cache.finish(seq.kv, tokens, len(seq.prompt_ids))
+        else:
+            self.pool.free_seq(seq.kv)
+        seq.kv, seq.num_computed = None, 0
+        seq.prefill_end = seq.num_tokens
+        seq.preemptions += 1
+        seq.status = Status.WAITING
+        self.waiting.push(seq, self.clock(), since=seq.queued_at)
+
     # ---- after the model ran -------------------------------------------------------
     def commit(self, chunks: list[ScheduledChunk]) -> None:
         """Advance computed counts, release out-of-window SWA, retire finished requests."""
-        P = self.pool.page_size
         for c in chunks:
             seq = c.seq
             seq.num_computed = c.start + c.n
-            self.pool.release_window(seq.kv, seq.num_computed)
-            # Share KV as it is made: after every prefill chunk and every decode page.
-            if self.cache is not None and seq.finish_reason is None and (
-                    c.n > 1 or seq.num_computed % P == 0):
+            # Share prompt KV as it is made (a concurrent request with the same prefix
+            # reuses it); before window release, which may free pages the tree would keep.
+            if (self.cache is not None and seq.finish_reason is None
+                    and c.start < seq.prefill_end):
                 self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
+            self.pool.release_window(seq.kv, seq.num_computed)
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 

@@ -30,6 +30,23 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     arrival: int = 0
+    # Tokens whose KV must be computed before decoding: the prompt, or prompt and output
+    # so far for a request preempted and resumed (its first chunks are then mostly cache hits).
+    prefill_end: int = -1
+    preemptions: int = 0
+    queued_at: float | None = None     # scheduler clock when it (last) joined the queue
+    admitted_at: float | None = None   # scheduler clock when it was (last) admitted
+
+    def __post_init__(self):
+        if self.prefill_end < 0:
+            self.prefill_end = len(self.prompt_ids)
+
+    @property
+    def queue_wait(self) -> float | None:
+        """Seconds spent waiting for admission (None while still waiting)."""
+        if self.queued_at is None or self.admitted_at is None:
+            return None
+        return self.admitted_at - self.queued_at
 
     @property
     def all_ids(self) -> list[int]:
@@ -46,7 +63,7 @@ class Sequence:
 
     @property
     def in_prefill(self) -> bool:
-        return self.num_computed < len(self.prompt_ids)
+        return self.num_computed < self.prefill_end
 
     def append(self, token: int) -> None:
         self.output_ids.append(token)

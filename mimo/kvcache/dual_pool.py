@@ -27,6 +27,10 @@ class SeqKV:
     swa_pages: list[int | None] = field(default_factory=list)   # None: released
     swa_released: int = 0      # logical pages [0, swa_released) have no SWA page
     node: object = None        # prefix-cache node this request holds a lock on (or None)
+    # Logical pages whose SWA a prefix cache wants offered when the request is inserted
+    # (its retention checkpoints): window release holds them instead of freeing them.
+    keep_swa: frozenset = frozenset()
+    branch_len: int = 0        # where the request left the cached path at admission
 
     @property
     def capacity_tokens(self) -> int:
@@ -102,25 +106,33 @@ class DualPool:
 
     def release_window(self, seq: SeqKV, seq_len: int) -> int:
         """Free SWA pages every position of which is out of the window of the next query
-        (position `seq_len` sees keys (seq_len - window, seq_len]). Returns pages freed."""
+        (position `seq_len` sees keys (seq_len - window, seq_len]). Pages the prefix cache
+        owns are only dropped from the table (the cache frees them); pages in
+        `seq.keep_swa` it does not own yet are held for the cache. Returns pages freed."""
         if not self.hybrid:
             return 0
         first_needed = seq_len - self.window + 1
         upto = min(max(first_needed, 0) // self.page_size, len(seq.swa_pages))
-        freed = []
+        freed, held = [], None
         for p in range(seq.swa_released, upto):
             sp = seq.swa_pages[p]
-            if sp is not None:
+            if sp is None:
+                continue
+            if self.is_shared_swa(sp):
                 seq.swa_pages[p] = None
-                if not self.is_shared_swa(sp):      # the cache's pages are the cache's to free
-                    freed.append(sp)
-                    self._unmap(seq.full_pages[p])
-        seq.swa_released = max(seq.swa_released, upto)
+            elif p in seq.keep_swa:
+                held = p if held is None else held
+            else:
+                seq.swa_pages[p] = None
+                freed.append(sp)
+                self._unmap_if(seq.full_pages[p], sp)
+        seq.swa_released = max(seq.swa_released, upto if held is None else held)
         self.swa.allocator.free(freed)
         return len(freed)
 
     def free_seq(self, seq: SeqKV) -> None:
-        """Return every page the sequence holds. A sequence is freed exactly once."""
+        """Return every page the sequence holds (not the prefix cache's). A sequence is
+        freed exactly once."""
         if self._seqs.get(id(seq)) is not seq:
             raise RuntimeError("freeing a sequence this pool does not own (double free?)")
         del self._seqs[id(seq)]
@@ -128,11 +140,14 @@ class DualPool:
         for p, sp in enumerate(seq.swa_pages):
             if sp is not None and not self.is_shared_swa(sp):
                 live.append(sp)
-                if not self.is_shared_full(seq.full_pages[p]):
-                    self._unmap(seq.full_pages[p])
+                self._unmap_if(seq.full_pages[p], sp)
         self.swa.allocator.free(live)
-        self.full.allocator.free([p for p in seq.full_pages if not self.is_shared_full(p)])
+        own_full = [p for p in seq.full_pages if not self.is_shared_full(p)]
+        for p in own_full:
+            self._unmap(p)
+        self.full.allocator.free(own_full)
         seq.full_pages, seq.swa_pages, seq.swa_released = [], [], 0
+        seq.keep_swa = frozenset()
 
     def unmap_full_pages(self, full_pages) -> None:
         """The prefix cache freed the SWA KV of these (cached) full pages."""
@@ -144,6 +159,14 @@ class DualPool:
         if self.full_to_swa is not None:
             P = self.page_size
             self.full_to_swa[full_page * P:(full_page + 1) * P] = swa_page * P + torch.arange(P)
+
+    def _unmap_if(self, full_page: int, swa_page: int) -> None:
+        """Unmap `full_page` if it still maps to `swa_page` (a cached full page may have
+        been re-paired with the cache's own SWA page meanwhile)."""
+        if self.full_to_swa is not None:
+            P = self.page_size
+            if int(self.full_to_swa[full_page * P]) == swa_page * P:
+                self.full_to_swa[full_page * P:(full_page + 1) * P] = -1
 
     def _unmap(self, full_page: int) -> None:
         if self.full_to_swa is not None:

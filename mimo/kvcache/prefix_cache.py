@@ -2,12 +2,19 @@
 SeqKV and the tree, keeping every page owned exactly once.
 
 Ownership: a page in `seq.full_pages` / `seq.swa_pages` is either the request's own (freed
-by `DualPool.free_seq`) or the tree's (`tree.owns_*`), in which case the request holds a
-lock on a node covering it and never frees it. A request re-inserts its KV after every
-prefill chunk and every decode page (`sync`), moving its lock to the new node, so its lock
-covers at most its current window of SWA; at the end (`finish`) whatever the tree did not
-take is freed.
-"""
+by `DualPool.free_seq`) or the tree's (`tree.owns_*`), which the request never frees.
+
+Invariant while a request runs: every tree page in its tables is covered by its lock. The
+request locks the node ending at `E` (full KV of [0, E), SWA of the window before E); its
+tables hold tree pages only below E, and tree SWA pages only inside that window (older
+ones are dropped from the table by window release, which runs after each sync). So the
+tree can evict anything else at any time without pulling KV from under a running request.
+
+A request inserts its KV after every prefill chunk (`sync`): the tree takes the new pages
+it wants (never reviving tombstones: a revived page could sit beyond E), the request moves
+its lock to the new window-safe end. At the end (`finish`) the tree takes what it wants,
+reviving tombstones with pages the request recomputed, and the rest is freed.
+""" 
 from __future__ import annotations
 
 from ..kvcache.dual_pool import DualPool, SeqKV
@@ -35,13 +42,21 @@ class PrefixCache:
         return self.pool.hybrid and self.tree.owns_swa(page)
 
     # ---- admission -------------------------------------------------------------------
-    def match(self, prompt_ids: list[int]):
-        """Window-safe cached prefix of the prompt, all but its last token (which must be
-        computed to produce logits). Not locked yet."""
-        return self.tree.match(prompt_ids[:-1])
+    def cached_len(self, prompt_ids: list[int]) -> int:
+        """Prompt tokens a request admitted now would reuse (no side effects)."""
+        return self.tree.peek(prompt_ids[:-1])
 
-    def adopt(self, seq: SeqKV, m) -> int:
-        """Point a new request's page tables at a match and lock it. Returns cached tokens."""
+    def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int) -> int:
+        """Point a new request's page tables at the window-safe cached prefix of `tokens`
+        (its prompt; prompt and output so far when resuming after preemption) but the last
+        token, which must be computed to produce logits; lock it, and note which SWA pages
+        retention will want from the request. Returns cached tokens."""
+        m = self.tree.match(tokens[:-1])
+        seq.branch_len = m.prefix_len
+        if self.pool.hybrid and not self.tree.policy.keep_all:
+            seq.keep_swa = frozenset(self.tree.keep_pages(max_len, prompt_len, m.prefix_len))
+        if not m.length:
+            return 0
         self.tree.lock(m.node)
         seq.node = m.node
         seq.full_pages = list(m.full_pages)
@@ -52,38 +67,34 @@ class PrefixCache:
 
     # ---- while running / at the end -----------------------------------------------------
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
-        """Insert the request's whole pages of KV so far and move its lock to them."""
+        """Insert the request's whole pages of KV so far and move its lock to the longest
+        window-safe cached prefix of them (call before `DualPool.release_window`)."""
         n = len(tokens) // self.P
         if n == 0:
             return
         swa = seq.swa_pages[:n] if self.pool.hybrid else None
-        res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa,
-                               prompt_len=prompt_len)
-        self._remap(res.remap)
-        # Duplicates stay the request's own until it finishes (the KV is identical; keeping
-        # them avoids re-pointing page tables mid-request).
-        if res.cached_len:
-            m = self.tree.match(tokens[:res.cached_len])
-            if m.node is not seq.node:
-                self.tree.lock(m.node)
-                self.tree.unlock(seq.node)
-                seq.node = m.node
+        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, prompt_len=prompt_len,
+                         revive=False, branch_len=seq.branch_len)
+        # Pages the tree did not take stay the request's own until it finishes.
+        m = self.tree.match(tokens[:n * self.P], count=False)
+        if m.node is not seq.node and m.length >= (seq.node.end if seq.node else 0):
+            self.tree.lock(m.node)
+            self.tree.unlock(seq.node)
+            seq.node = m.node
 
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
-        """Offer the finished request's KV to the tree, then let go of everything."""
+        """Offer the finished (or aborted) request's KV to the tree, then let go of
+        everything. `tokens`: the tokens whose KV is computed."""
         n = len(tokens) // self.P
         if n:
             swa = seq.swa_pages[:n] if self.pool.hybrid else None
             res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa,
-                                   prompt_len=prompt_len)
-            self._remap(res.remap)
+                                   prompt_len=prompt_len, branch_len=seq.branch_len)
+            for full_page, swa_page in res.remap:
+                self.pool.map_pages(full_page, swa_page)
         node, seq.node = seq.node, None
         self.pool.free_seq(seq)        # frees only pages the tree does not own
         self.tree.unlock(node)
-
-    def _remap(self, pairs) -> None:
-        for full_page, swa_page in pairs:
-            self.pool.map_pages(full_page, swa_page)
 
     # ---- room ---------------------------------------------------------------------------
     def make_room(self, full: int, swa: int) -> None:

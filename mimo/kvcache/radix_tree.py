@@ -78,11 +78,12 @@ class RadixTree(TreeCore, EvictMixin):
         return self.hybrid and bool(self._own_s[page])
 
     # ---- match / lock ------------------------------------------------------------------
-    def match(self, tokens, namespace: Hashable = None) -> MatchResult:
+    def match(self, tokens, namespace: Hashable = None, count: bool = True) -> MatchResult:
         """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
         passes the prompt without its last token, which it must compute anyway. The match
-        node is split so that it ends exactly at `length`."""
-        self.counters["matches"] += 1
+        node is split so that it ends exactly at `length`. `count=False`: a lookup that is
+        not a request's admission (kept out of the hit counters)."""
+        self.counters["matches"] += count
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return MatchResult(0, 0, root)
@@ -105,8 +106,8 @@ class RadixTree(TreeCore, EvictMixin):
             self._push_leaf(n)
             node = n
         res = MatchResult(q * P, m, node, full)
-        self.counters["matched_tokens"] += q * P
-        self.counters["prefix_tokens"] += m
+        self.counters["matched_tokens"] += q * P * count
+        self.counters["prefix_tokens"] += m * count
         if self.hybrid:
             res.swa_first = window_first_page(q * P, self.W, P)
             res.swa_pages = [None] * q
@@ -116,6 +117,19 @@ class RadixTree(TreeCore, EvictMixin):
                     n.swa_time = now
                     self._push_swa(n)
         return res
+
+    def peek(self, tokens, namespace: Hashable = None) -> int:
+        """The length `match` would return, without splitting, touching or counting: the
+        scheduler's estimate of a waiting request's cached tokens."""
+        root = self._root(namespace)
+        if self.mode == "off" or root is None:
+            return 0
+        toks = self._tok(tokens)
+        path, m = self._walk(root, toks, len(toks) // self.P)
+        q = m // self.P
+        if self.hybrid:
+            q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
+        return q * self.P
 
     def lock(self, node: Node | None) -> None:
         """Keep the full KV of root..node and the SWA window before node.end (the pages a
@@ -168,7 +182,8 @@ class RadixTree(TreeCore, EvictMixin):
                                       self.W, self.P)
 
     def insert(self, tokens, full_pages: list[int], swa_pages=None, namespace: Hashable = None,
-               prompt_len: int | None = None) -> InsertResult:
+               prompt_len: int | None = None, revive: bool = True,
+               branch_len: int | None = None) -> InsertResult:
         """Hand a finished (or preempted) request's pages to the tree.
 
         `full_pages[i]` / `swa_pages[i]` hold the KV of tokens [i*P, (i+1)*P); SWA entries
@@ -179,7 +194,12 @@ class RadixTree(TreeCore, EvictMixin):
         kept: pages up to the policy's cached end (cut back to the last window-safe point),
         SWA only on the policy's checkpoint windows; tombstones the caller recomputed are
         revived (`remap` lists them: the tree's full page now pairs with the caller's SWA
-        page, so a full->SWA map must be updated).
+        page, so a full->SWA map must be updated). `revive=False` for a request that keeps
+        running: a revived page would be the tree's yet sit beyond the node the request
+        can lock, unprotected while the request still reads it. `branch_len`: where the
+        request left the cached path when it was admitted (`MatchResult.prefix_len`);
+        default: where `tokens` leave the tree now (a request that inserted its KV while
+        running is all in the tree by its end).
         """
         P = self.P
         if len(full_pages) > -(-len(tokens) // P):
@@ -196,15 +216,18 @@ class RadixTree(TreeCore, EvictMixin):
         path, m = self._walk(root, toks, n)
         mq = m // P
         q_end = self.policy.cache_len(len(toks), P, prompt_len) // P
-        cps = self.checkpoints(len(toks), prompt_len, m)
+        cps_branch = m if branch_len is None else branch_len
+        cps = self.checkpoints(len(toks), prompt_len, cps_branch)
         if self.hybrid:
             keep = (set(range(q_end)) if self.policy.keep_all
                     else self.policy.keep_pages(cps, self.W, P))
             firm = (keep if self.policy.keep_all else self.policy.keep_pages(
-                self.policy.checkpoints(len(toks), prompt_len, m, P, firm_only=True), self.W, P))
+                self.policy.checkpoints(len(toks), prompt_len, cps_branch, P, firm_only=True),
+                self.W, P))
             tree_swa = [s for nd, k in path for s in nd.swa[:k]]
             live = [(i < mq and tree_swa[i] >= 0)
-                    or (i in keep and swa_pages[i] is not None and swa_pages[i] >= 0)
+                    or ((revive or i >= mq) and i in keep
+                        and swa_pages[i] is not None and swa_pages[i] >= 0)
                     for i in range(q_end)]
             q_end = self._safe_pages(live, q_end)
         remap, revived_nodes = [], []
@@ -215,7 +238,7 @@ class RadixTree(TreeCore, EvictMixin):
             for i in range(k):
                 g = base + i
                 s = swa_pages[g]
-                if not self.hybrid or s is None or s < 0:
+                if not self.hybrid or not revive or s is None or s < 0:
                     continue
                 if nd.swa[i] < 0 and g in keep:
                     nd.swa[i] = s

@@ -1,0 +1,199 @@
+"""The prefix cache inside the engine: cached prompt tokens skip prefill, and greedy output is
+the same with the cache on and off. Expected reuse is computed independently of the tree's
+own match: a brute-force walk over its nodes finds the longest prefix with full KV on every
+page and live SWA on the window before it."""
+import random
+
+import pytest
+import torch
+
+from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from mimo import LLM, SamplingParams
+
+PAGE, WINDOW = 8, 32
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return loaded_from_hf(tiny_gemma3_hf(seed=7, sliding_window=WINDOW,
+                                         max_position_embeddings=8192))
+
+
+def make(loaded, cache=True, **kw):
+    opts = dict(dtype="float32", kv_cache_memory="16MiB", page_size=PAGE,
+                max_num_batched_tokens=256, prefix_cache=cache, progress=False)
+    opts.update(kw)
+    return LLM("tiny", loaded=loaded, **opts)
+
+
+def ids(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(3, 512, (n,), generator=g).tolist()
+
+
+def run(llm, prompts, params=GREEDY):
+    """Generate prompts one after another; integrity checked after each."""
+    outs = []
+    for p in prompts:
+        outs.append(llm.generate({"prompt_token_ids": p}, params)[0])
+        llm.engine.check_integrity()
+    return outs
+
+
+def brute_force_safe_len(tree, tokens) -> int:
+    """Longest page-aligned L <= len(tokens) whose pages all have cached full KV along the
+    path of `tokens` and whose window (positions [L - W + 1, L)) has live SWA."""
+    P, W = tree.P, tree.W
+    full_ok, swa_ok = [], []
+    node = tree._roots.get(None)
+    pos = 0
+    while node is not None:
+        child = node.children.get(tuple(tokens[pos:pos + P]))
+        if child is None:
+            break
+        for i in range(len(child.full)):
+            if list(child.tokens[i * P:(i + 1) * P]) != list(tokens[pos:pos + P]):
+                node = None
+                break
+            full_ok.append(True)
+            swa_ok.append(child.swa[i] >= 0)
+            pos += P
+        else:
+            node = child
+    best = 0
+    for q in range(1, min(len(full_ok), len(tokens) // P) + 1):
+        L = q * P
+        first = max(L - W + 1, 0) // P
+        if all(swa_ok[first:q]):
+            best = L
+    return best
+
+
+def test_repeated_prompt_is_served_from_cache(loaded):
+    p = ids(203, 1)
+    off = run(make(loaded, cache=False), [p])
+    on = make(loaded)
+    first, second = run(on, [p, p])
+    assert first.cached_tokens == 0
+    assert second.cached_tokens == (len(p) - 1) // PAGE * PAGE
+    assert first.token_ids == second.token_ids == off[0].token_ids
+
+
+def test_prompts_sharing_a_1500_token_prefix(loaded):
+    prefix = ids(1500, 2)
+    a, b, c = (prefix + ids(40 + 7 * i, 10 + i) for i in range(3))
+    want = run(make(loaded, cache=False), [a, b, c])
+    llm = make(loaded)
+    tree = llm.engine.cache.tree
+    out_a = run(llm, [a])[0]
+    expect_b = brute_force_safe_len(tree, b[:-1])
+    out_b = run(llm, [b])[0]
+    # b branched at 1500 and kept that window: c reuses the whole shared prefix.
+    expect_c = brute_force_safe_len(tree, c[:-1])
+    out_c = run(llm, [c])[0]
+    assert out_a.cached_tokens == 0
+    assert out_b.cached_tokens == expect_b > 0
+    assert out_c.cached_tokens == expect_c == 1500 // PAGE * PAGE
+    assert [o.token_ids for o in (out_a, out_b, out_c)] == [w.token_ids for w in want]
+
+
+def test_match_is_cut_back_when_interior_swa_was_evicted(loaded):
+    prefix = ids(1200, 3)
+    a = prefix + ids(30, 4)
+    b = prefix[:1100] + ids(50, 5)
+    fillers = [ids(300, 100 + i) for i in range(6)]
+    want = run(make(loaded, cache=False), [a, *fillers, b])
+    # A small SWA pool: the fillers' windows push a's retained SWA out while its full KV
+    # (a roomy full pool) stays.
+    llm = make(loaded, kv_cache_memory="6MiB", swa_share=0.07, max_num_batched_tokens=64)
+    tree = llm.engine.cache.tree
+    outs = run(llm, [a, *fillers])
+    assert tree.counters["tombstoned_swa"] > 0
+    expect = brute_force_safe_len(tree, b[:-1])
+    m_prefix = tree.match(b[:-1], count=False).prefix_len
+    assert m_prefix >= 1096 > expect, "the test needs b's shared prefix cut back"
+    out_b = run(llm, [b])[0]
+    assert out_b.cached_tokens == expect
+    assert [o.token_ids for o in outs + [out_b]] == [w.token_ids for w in want]
+
+
+def test_multi_turn_chat_reuses_prompt_and_output(loaded):
+    turns = [ids(90, 20), ids(25, 21), ids(33, 22)]
+    on, off = make(loaded), make(loaded, cache=False)
+    history_on, history_off = [], []
+    for k, user in enumerate(turns):
+        history_on, history_off = history_on + user, history_off + user
+        o_on = run(on, [history_on])[0]
+        o_off = run(off, [history_off])[0]
+        assert o_on.token_ids == o_off.token_ids
+        if k:
+            # Everything of the previous turn with KV: its prompt and all but its last
+            # output token (never fed back), cut to whole pages.
+            assert o_on.cached_tokens == (prev_len - 1) // PAGE * PAGE
+        prev_len = len(history_on) + len(o_on.token_ids)
+        history_on = history_on + o_on.token_ids
+        history_off = history_off + o_off.token_ids
+
+
+def test_concurrent_request_reuses_a_prefill_in_flight(loaded):
+    prefix = ids(600, 6)
+    a, b = prefix + ids(20, 7), prefix + ids(20, 8)
+    llm = make(loaded, max_num_batched_tokens=128)
+    eng = llm.engine
+    sa = eng.add_request(a, GREEDY)
+    for _ in range(3):                      # a has prefilled 384 tokens, not finished
+        eng.step()
+    assert sa.finish_reason is None and sa.num_computed == 384
+    sb = eng.add_request(b, GREEDY)
+    while eng.has_work():
+        eng.step()
+        eng.check_integrity()
+    assert sb.cached_tokens >= 384 - WINDOW
+    want = run(make(loaded, cache=False), [a, b])
+    assert [sa.output_ids, sb.output_ids] == [w.token_ids for w in want]
+
+
+def test_full_kv_layout_caches_every_prefix(loaded):
+    prefix = ids(500, 9)
+    a, b = prefix + ids(30, 11), prefix + ids(30, 12)
+    llm = make(loaded, layout="full-kv")
+    out = run(llm, [a, b])
+    assert out[1].cached_tokens == 500 // PAGE * PAGE
+    want = run(make(loaded, cache=False), [a, b])
+    assert [o.token_ids for o in out] == [w.token_ids for w in want]
+
+
+def test_full_pools_evict_the_cache_instead_of_waiting(loaded):
+    llm = make(loaded, kv_cache_memory="3MiB")
+    eng = llm.engine
+    run(llm, [ids(400, 200 + i) for i in range(8)])
+    assert eng.cache.tree.counters["evicted_full"] > 0
+    fa = eng.pool.full.allocator
+    assert fa.num_evictable > 0 and fa.num_in_use == 0
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_random_concurrent_traffic_matches_cache_off(loaded, trial):
+    """Batches of requests with random shared prefixes, random chunking and pool sizes:
+    tree and pool integrity after every step, outputs equal to the cache off."""
+    rnd = random.Random(trial)
+    base = ids(160, 1000 + trial)
+    prompts = [base[:rnd.randint(0, 160)] + ids(rnd.randint(1, 90), 2000 + 50 * trial + k)
+               for k in range(10)]
+    params = [SamplingParams(temperature=0, max_tokens=rnd.choice([3, 17, 30]),
+                             ignore_eos=True) for _ in prompts]
+    kw = dict(kv_cache_memory="2MiB", swa_share=rnd.choice([0.2, 0.35, 0.5]),
+              max_num_batched_tokens=rnd.choice([16, 64]),
+              policy=rnd.choice(["fcfs", "compute-aware"]))
+    want = make(loaded, cache=False, **kw).generate(
+        [{"prompt_token_ids": p} for p in prompts], params)
+    llm = make(loaded, **kw)
+    eng = llm.engine
+    for rounds in range(2):                 # the second round meets a warm cache
+        seqs = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
+        while eng.has_work():
+            eng.step()
+            eng.check_integrity()
+        assert [s.output_ids for s in seqs] == [w.token_ids for w in want]
+    assert eng.cache.tree.counters["matched_tokens"] > 0
