@@ -121,7 +121,7 @@ def test_match_is_cut_back_when_interior_swa_was_evicted(loaded):
 def test_multi_turn_chat_reuses_prompt_and_output(loaded):
     turns = [ids(90, 20), ids(25, 21), ids(33, 22)]
     on, off = make(loaded), make(loaded, cache=False)
-    history_on, history_off = [], []
+    history_on, history_off, prev_len = [], [], 0
     for k, user in enumerate(turns):
         history_on, history_off = history_on + user, history_off + user
         o_on = run(on, [history_on])[0]
