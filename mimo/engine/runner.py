@@ -18,6 +18,8 @@ class ModelRunner:
         self.window = window
         self.backend = backend or TorchAttention()
         self.mask_dtype = next(model.parameters()).dtype
+        # `layer_types`: kinds of every KV-owning layer (ModelConfig.kv_layer_types: the
+        # decoder layers, then any MTP layers, so ctx.kv[num_layers + k] is MTP layer k's).
         # Layer i -> its cache tensors: SWA layers live in the SWA pool in the hybrid
         # layout, in the full pool (like every layer) in the full-kv layout.
         self.has_swa = "swa" in layer_types
