@@ -71,6 +71,26 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     rope_scaling_factor: float = 1.0   # linear scaling of the full layers' RoPE (Gemma 3 4B+)
+    # Partial RoPE: only the first `rotary_dim` (`swa_rotary_dim`) dims of each q/k head are
+    # rotated (None: the whole head). MiMo-V2-Flash rotates 64 of 192.
+    rotary_dim: int | None = None
+    swa_rotary_dim: int | None = None
+    # Learned per-head attention-sink logits on a layer kind (MiMo-V2-Flash: SWA layers).
+    full_attention_sink: bool = False
+    swa_attention_sink: bool = False
+    attention_value_scale: float = 1.0   # V is multiplied by this before it is cached
+    # Per-layer MLP kind, 'dense' or 'sparse' (MoE); empty: every layer dense.
+    mlp_types: tuple[str, ...] = ()
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    n_group: int = 1                 # group-limited routing: experts in n_group groups, ...
+    topk_group: int = 1              # ... tokens pick experts from the best topk_group groups
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    # Multi-token-prediction layers after the last decoder layer. Their KV is cached as extra
+    # SWA-kind layers (see `kv_layer_types`).
+    num_mtp_layers: int = 0
 
     def __post_init__(self):
         if len(self.layer_types) != self.num_layers:
@@ -78,6 +98,14 @@ class ModelConfig:
         bad = set(self.layer_types) - {"full", "swa"}
         if bad:
             raise ConfigError(f"unknown layer type(s) {sorted(bad)}")
+        if self.mlp_types and len(self.mlp_types) != self.num_layers:
+            raise ConfigError("mlp_types must be empty or have one entry per layer")
+        if set(self.mlp_types) - {"dense", "sparse"}:
+            raise ConfigError(f"unknown mlp type(s) {sorted(set(self.mlp_types) - {'dense', 'sparse'})}")
+        if "sparse" in self.mlp_types and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError("sparse layers need 0 < num_experts_per_tok <= num_experts")
+        if self.num_mtp_layers < 0:
+            raise ConfigError("num_mtp_layers must be >= 0")
 
     @property
     def full_layers(self) -> tuple[int, ...]:
@@ -86,6 +114,12 @@ class ModelConfig:
     @property
     def swa_layers(self) -> tuple[int, ...]:
         return tuple(i for i, t in enumerate(self.layer_types) if t == "swa")
+
+    @property
+    def kv_layer_types(self) -> tuple[str, ...]:
+        """Kinds of every layer that owns KV cache: the decoder layers, then the MTP layers,
+        which attend like SWA layers (same heads, dims and window) and so live in the SWA pool."""
+        return self.layer_types + ("swa",) * self.num_mtp_layers
 
     def kv_shape(self, kind: str) -> tuple[int, int, int]:
         """(kv_heads, k_head_dim, v_head_dim) of a layer kind."""
@@ -100,6 +134,8 @@ class ModelConfig:
             data["layer_types"] = tuple(data["layer_types"])
         if "eos_token_ids" in data:
             data["eos_token_ids"] = tuple(data["eos_token_ids"])
+        if "mlp_types" in data:
+            data["mlp_types"] = tuple(data["mlp_types"])
         return _from_dict(cls, data)
 
 

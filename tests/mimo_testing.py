@@ -33,6 +33,43 @@ def tiny_gemma3_hf(seed: int = 0, **overrides):
     return model
 
 
+def tiny_mimo_v2_flash_hf(seed: int = 0, **overrides):
+    """A random MiMo-V2-Flash from transformers (float32): 5 layers (full, swa, swa, full, swa),
+    a dense first layer then MoE (8 experts in 2 groups, top-2 from the best group), q/k head
+    dim 24 / v 16, partial RoPE with a different factor per kind, window 6 previous tokens +
+    the query. transformers ties SWA KV heads to twice the full ones (1 -> 2)."""
+    from transformers import MiMoV2FlashConfig, MiMoV2FlashForCausalLM
+    kw = dict(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=5,
+              num_attention_heads=4, num_key_value_heads=1, head_dim=24, v_head_dim=16,
+              layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                           "full_attention", "sliding_attention"],
+              rope_parameters={
+                  "full_attention": {"rope_type": "default", "rope_theta": 5e6,
+                                     "partial_rotary_factor": 0.334},
+                  "sliding_attention": {"rope_type": "default", "rope_theta": 1e4,
+                                        "partial_rotary_factor": 0.5}},
+              moe_intermediate_size=32, n_routed_experts=8, num_experts_per_tok=2, n_group=2,
+              topk_group=1, routed_scaling_factor=2.5, sliding_window_size=6,
+              max_position_embeddings=1024, attn_implementation="eager",
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    kw.update(overrides)
+    cfg = MiMoV2FlashConfig(**kw)
+    torch.manual_seed(seed)
+    model = MiMoV2FlashForCausalLM(cfg).float().eval()
+    with torch.no_grad():   # norms around 1 (x * w convention), sinks large enough to matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3)
+            elif "sinks" in name:
+                p.normal_(0.0, 1.0)
+            else:
+                p.normal_(0.0, 0.08)
+        for name, b in model.named_buffers():
+            if "e_score_correction_bias" in name:
+                b.normal_(0.0, 0.1)
+    return model
+
+
 def loaded_from_hf(model) -> LoadedModel:
     cfg = model_config_from_hf(model.config.to_dict())
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -53,7 +53,8 @@ class LLMEngine:
             from ..kvcache.prefix_cache import PrefixCache
             self.cache = PrefixCache(self.pool, cc.retention)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache)
-        self.runner = ModelRunner(self.model, self.pool, mc.layer_types, mc.sliding_window, rt.device)
+        self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
+                                  rt.device)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(

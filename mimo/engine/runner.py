@@ -18,6 +18,8 @@ class ModelRunner:
         self.window = window
         self.backend = backend or TorchAttention()
         self.mask_dtype = next(model.parameters()).dtype
+        # `layer_types`: kinds of every KV-owning layer (ModelConfig.kv_layer_types: the
+        # decoder layers, then any MTP layers, so ctx.kv[num_layers + k] is MTP layer k's).
         # Layer i -> its cache tensors: SWA layers live in the SWA pool in the hybrid
         # layout, in the full pool (like every layer) in the full-kv layout.
         self.has_swa = "swa" in layer_types
@@ -34,6 +36,12 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
         order (with `all_logits`, for every scheduled token instead: scoring and tests)."""
+        return self.model(*self.prepare(chunks, all_logits))
+
+    def prepare(self, chunks: list[ScheduledChunk], all_logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor | None]:
+        """(input_ids, positions, ctx, logit_rows) of one step, the model's forward arguments.
+        The same ctx also serves the model's MTP layers (`mtp_forward`) for these positions."""
         ids, pos, spans, rows = [], [], [], []
         row = 0
         for c in chunks:
@@ -53,4 +61,4 @@ class ModelRunner:
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         positions = torch.tensor(pos, dtype=torch.int64, device=dev)
         logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
-        return self.model(input_ids, positions, ctx, logit_rows)
+        return input_ids, positions, ctx, logit_rows

@@ -50,10 +50,11 @@ class KVLayout:
 
     @classmethod
     def from_model(cls, cfg: ModelConfig, dtype: str, layout: str = "hybrid") -> "KVLayout":
-        full = [LayerKV(*cfg.kv_shape("full")) for _ in cfg.full_layers]
-        swa = [LayerKV(*cfg.kv_shape("swa")) for _ in cfg.swa_layers]
+        kinds = cfg.kv_layer_types          # MTP layers count as SWA layers
+        full = [LayerKV(*cfg.kv_shape("full")) for t in kinds if t == "full"]
+        swa = [LayerKV(*cfg.kv_shape("swa")) for t in kinds if t == "swa"]
         if layout == "full-kv" or not swa:
-            return cls(tuple(LayerKV(*cfg.kv_shape(t)) for t in cfg.layer_types), (),
+            return cls(tuple(LayerKV(*cfg.kv_shape(t)) for t in kinds), (),
                        cfg.sliding_window, DTYPE_BYTES[dtype], hybrid=False)
         return cls(tuple(full), tuple(swa), cfg.sliding_window, DTYPE_BYTES[dtype])
 

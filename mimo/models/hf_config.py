@@ -86,11 +86,120 @@ def llama_config(c: dict[str, Any]) -> ModelConfig:
         rope_scaling_factor=factor)
 
 
-HF_CONFIGS = {"gemma3": gemma3_config, "gemma3_text": gemma3_config, "llama": llama_config}
+def _mimo_rope(c: dict[str, Any], kind: str) -> tuple[float, float]:
+    """(theta, partial_rotary_factor) of a layer kind. transformers 5 keeps them per kind in
+    rope_parameters; the hub checkpoint's own config has rope_theta / swa_rope_theta and one
+    partial_rotary_factor. Defaults are transformers' (the released model's values)."""
+    rp = c.get("rope_parameters") or {}
+    hf_kind = "full_attention" if kind == "full" else "sliding_attention"
+    if hf_kind in rp:
+        p = rp[hf_kind]
+        if p.get("rope_type", "default") != "default":
+            raise ConfigError(f"mimo_v2_flash RoPE type {p.get('rope_type')!r} is not supported")
+        return float(p["rope_theta"]), float(p.get("partial_rotary_factor", 0.334))
+    if c.get("rope_scaling"):
+        raise ConfigError("mimo_v2_flash with rope_scaling is not supported")
+    full = float(c.get("rope_theta", 5_000_000.0))
+    theta = full if kind == "full" else float(c.get("swa_rope_theta", 10_000.0))
+    return theta, float(c.get("partial_rotary_factor", 0.334))
+
+
+def mimo_v2_flash_config(c: dict[str, Any]) -> ModelConfig:
+    """MiMo-V2-Flash, from either spelling of its config: transformers' (layer_types,
+    mlp_layer_types, rope_parameters, sliding_window; SWA KV heads are twice the full ones) or
+    the hub checkpoint's own (hybrid_layer_pattern, moe_layer_freq, swa_* keys,
+    sliding_window_size, add_*_attention_sink_bias, layernorm_epsilon).
+
+    Window: SGLang (the reference implementation) lets an SWA query see `sliding_window_size`
+    previous tokens plus itself; transformers 5.24 stores that as sliding_window =
+    sliding_window_size + 1 and masks keys in (pos - sliding_window, pos]. ModelConfig counts
+    the same way, so: sliding_window_size + 1 when given, else sliding_window as is."""
+    n = c["num_hidden_layers"]
+    if c.get("hybrid_layer_pattern") is not None:
+        types = tuple("swa" if p == 1 else "full" for p in c["hybrid_layer_pattern"])
+    elif c.get("layer_types"):
+        types = tuple("full" if t == "full_attention" else "swa" for t in c["layer_types"])
+    else:   # transformers' default: full on layer 0 and every 6th layer
+        types = tuple("full" if i == 0 or (i + 1) % 6 == 0 else "swa" for i in range(n))
+    freq = c.get("moe_layer_freq")
+    if isinstance(freq, list):
+        mlp = tuple("sparse" if f else "dense" for f in freq)
+    elif c.get("mlp_layer_types"):
+        mlp = tuple(c["mlp_layer_types"])
+    else:
+        mlp = ("dense",) + ("sparse",) * (n - 1)
+    if c.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"mimo_v2_flash with hidden_act={c['hidden_act']!r} is not supported")
+    if c.get("attention_bias"):
+        raise ConfigError("mimo_v2_flash with attention_bias is not supported")
+    if c.get("n_shared_experts"):
+        raise ConfigError("mimo_v2_flash with shared experts is not supported")
+    if c.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ConfigError(f"mimo_v2_flash with scoring_func={c['scoring_func']!r} is not supported")
+    heads = c["num_attention_heads"]
+    if c.get("swa_num_attention_heads", heads) != heads:
+        raise ConfigError("mimo_v2_flash with different query head counts per layer kind "
+                          "is not supported")
+    hd, vd = c.get("head_dim", 192), c.get("v_head_dim", 128)
+    swa_hd, swa_vd = c.get("swa_head_dim", hd), c.get("swa_v_head_dim", vd)
+    kv = c.get("num_key_value_heads", 4)
+    swa_kv = c.get("swa_num_key_value_heads", 2 * kv)     # transformers ties it to 2x
+    theta, pf = _mimo_rope(c, "full")
+    local, swa_pf = _mimo_rope(c, "swa")
+    if c.get("sliding_window_size") is not None:
+        window = int(c["sliding_window_size"]) + 1
+    else:
+        window = int(c.get("sliding_window") or 129)
+    # transformers: a null value scale means none; a missing one its default, 0.707.
+    vs = c.get("attention_value_scale", 0.707)
+    rsf = c.get("routed_scaling_factor")
+    return ModelConfig(
+        arch="mimo_v2_flash", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"], num_layers=n, num_heads=heads,
+        layer_types=types, full_kv_heads=kv, swa_kv_heads=swa_kv, head_dim=hd, v_head_dim=vd,
+        swa_head_dim=swa_hd, swa_v_head_dim=swa_vd, sliding_window=window,
+        rope_theta=theta, rope_local_theta=local,
+        rms_norm_eps=c.get("layernorm_epsilon", c.get("rms_norm_eps", 1e-5)),
+        max_position=c.get("max_position_embeddings", 131072), query_pre_attn_scalar=None,
+        tie_word_embeddings=c.get("tie_word_embeddings", False),
+        bos_token_id=c.get("bos_token_id"), eos_token_ids=_eos_ids(c.get("eos_token_id")),
+        rotary_dim=int(hd * pf), swa_rotary_dim=int(swa_hd * swa_pf),
+        full_attention_sink=bool(c.get("add_full_attention_sink_bias", False)),
+        swa_attention_sink=bool(c.get("add_swa_attention_sink_bias", True)),
+        attention_value_scale=1.0 if vs is None else float(vs),
+        mlp_types=mlp, num_experts=c.get("n_routed_experts", c.get("num_local_experts", 0)),
+        num_experts_per_tok=c.get("num_experts_per_tok", 0),
+        moe_intermediate_size=c.get("moe_intermediate_size", 0),
+        n_group=c.get("n_group") or 1, topk_group=c.get("topk_group") or 1,
+        norm_topk_prob=bool(c.get("norm_topk_prob", True)),
+        routed_scaling_factor=1.0 if rsf is None else float(rsf),
+        # The checkpoint's weights decide in the end (registry.load counts model.mtp.layers.*).
+        num_mtp_layers=int(c.get("num_nextn_predict_layers") or 0))
+
+
+HF_CONFIGS = {"gemma3": gemma3_config, "gemma3_text": gemma3_config, "llama": llama_config,
+              "mimo_v2_flash": mimo_v2_flash_config}
+
+
+def _refuse_quantized(c: dict[str, Any]) -> None:
+    """Weights are read as plain floats: a quantized checkpoint (FP8 block-quantized
+    MiMo-V2-Flash, GPTQ, AWQ, ...) would load as garbage, so it is refused by name."""
+    q = c.get("quantization_config")
+    if not q:
+        return
+    method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
+    detail = ""
+    if isinstance(q, dict) and (q.get("fmt") or q.get("weight_block_size")):
+        detail = f" (fmt={q.get('fmt')!r}, weight_block_size={q.get('weight_block_size')!r})"
+    raise ConfigError(
+        f"this checkpoint's weights are quantized: quantization_config.quant_method="
+        f"{method!r}{detail}. This build runs bfloat16/float32 weights only (there is no "
+        f"{method} kernel on this device); use a bf16 checkpoint or dequantize it first")
 
 
 def model_config_from_hf(c: dict[str, Any]) -> ModelConfig:
     mt = c.get("model_type")
     if mt not in HF_CONFIGS:
         raise ConfigError(f"unsupported model_type {mt!r}; supported: {', '.join(sorted(HF_CONFIGS))}")
+    _refuse_quantized(c)
     return HF_CONFIGS[mt](c)

@@ -54,11 +54,16 @@ class RMSNorm(nn.Module):
 
 class Rotary(nn.Module):
     """Non-interleaved (rotate-half) RoPE. `tables(positions)` is computed once per forward
-    and shared by every layer of a kind; `apply` is then three elementwise ops."""
+    and shared by every layer of a kind; `apply` is then three elementwise ops.
+
+    Partial RoPE: build with `dim` = the rotated dims only; `apply` rotates the first `dim`
+    dims of each head and passes the rest through (transformers' partial_rotary_factor)."""
 
     def __init__(self, dim: int, theta: float, max_pos: int, scaling: float = 1.0,
                  dtype: torch.dtype = torch.float32):
         super().__init__()
+        if dim % 2:
+            raise ValueError(f"rotary dim must be even, got {dim}")
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         inv = inv / scaling
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
@@ -76,8 +81,11 @@ class Rotary(nn.Module):
 
     @staticmethod
     def apply(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x: [T, heads, dim]."""
+        """x: [T, heads, head_dim]; head_dim may exceed the tables' dim (partial RoPE)."""
         cos, sin = tables
         T, H, D = x.shape
+        R = cos.shape[-1]
+        if R < D:
+            return torch.cat([Rotary.apply(x[..., :R], tables), x[..., R:]], dim=-1)
         swapped = x.reshape(T, H, 2, D // 2).flip(2).reshape(T, H, D)
         return x * cos + swapped * sin

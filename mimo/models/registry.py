@@ -5,6 +5,7 @@ time. Anything else must be a local `.gguf` file or a Hugging Face directory.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -89,6 +90,10 @@ def load(name: str, progress: bool = True) -> LoadedModel:
             raise ModelNotFound(f"cannot read {path / 'config.json'}: {e}") from e
         cfg = model_config_from_hf(raw)
         weights = hf_weights(path, progress)
+        if cfg.arch == "mimo_v2_flash":
+            # MTP layers: the checkpoint's weights decide, whatever the config declares.
+            from .mimo_v2_flash import mtp_layers_in
+            cfg = dataclasses.replace(cfg, num_mtp_layers=mtp_layers_in(weights))
         tok = Tokenizer.from_hf_dir(path)
     return LoadedModel(cfg, weights, tok, str(path))
 
@@ -100,4 +105,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch
     if cfg.arch == "llama":
         from .llama import LlamaForCausalLM
         return LlamaForCausalLM(cfg, weights, dtype)
+    if cfg.arch == "mimo_v2_flash":
+        from .mimo_v2_flash import MiMoV2FlashForCausalLM
+        return MiMoV2FlashForCausalLM(cfg, weights, dtype)
     raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
