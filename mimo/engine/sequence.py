@@ -30,6 +30,9 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     arrival: int = 0
+    # Multimodal prompts (an engine.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
+    # None for text, which then runs exactly as before.
+    mm: object | None = None
 
     @property
     def all_ids(self) -> list[int]:
