@@ -69,9 +69,14 @@ def _tokenizer():
     return tok
 
 
-def _weights(text: dict, vision: dict, vocab: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _rnd(gen):
     def rnd(*shape, std=0.08):
         return torch.randn(*shape, generator=gen) * std
+    return rnd
+
+
+def _text_weights(text: dict, vocab: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    rnd = _rnd(gen)
 
     def norm(n):   # around 1, so a wrong norm convention shows
         return 1.0 + rnd(n, std=0.1)
@@ -95,21 +100,37 @@ def _weights(text: dict, vision: dict, vocab: int, gen: torch.Generator) -> dict
         w[p + "post_attention_layernorm.weight"] = norm(H)
     w[lm + "norm.weight"] = norm(H)
     w["lm_head.weight"] = rnd(vocab, H)
+    return w
+
+
+def vision_weights(vision: dict, gen: torch.Generator, prefix: str = "model.visual."
+                   ) -> dict[str, torch.Tensor]:
+    """Random weights of a Qwen2.5-VL vision tower of the given (HF vision_config) shape,
+    in HF naming under `prefix` (the encoder bench builds realistic widths with it)."""
+    rnd = _rnd(gen)
+
+    def norm(n):
+        return 1.0 + rnd(n, std=0.1)
+
+    w: dict[str, torch.Tensor] = {}
     E, VI, out = vision["hidden_size"], vision["intermediate_size"], vision["out_hidden_size"]
     P, T, C = vision["patch_size"], vision["temporal_patch_size"], vision["in_channels"]
-    v = "model.visual."
-    w[v + "patch_embed.proj.weight"] = rnd(E, C, T, P, P, std=0.02)
+    # Scaled so activations keep unit size at any width (no blow-up in deep, wide benches).
+    s = lambda fan_in: fan_in ** -0.5   # noqa: E731
+    v = prefix
+    w[v + "patch_embed.proj.weight"] = rnd(E, C, T, P, P, std=s(C * T * P * P))
     for i in range(vision["depth"]):
         p = f"{v}blocks.{i}."
         w[p + "norm1.weight"], w[p + "norm2.weight"] = norm(E), norm(E)
-        w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"] = rnd(3 * E, E), rnd(3 * E)
-        w[p + "attn.proj.weight"], w[p + "attn.proj.bias"] = rnd(E, E), rnd(E)
+        w[p + "attn.qkv.weight"], w[p + "attn.qkv.bias"] = rnd(3 * E, E, std=s(E)), rnd(3 * E)
+        w[p + "attn.proj.weight"], w[p + "attn.proj.bias"] = rnd(E, E, std=s(E)), rnd(E)
         for n, shape in (("gate_proj", (VI, E)), ("up_proj", (VI, E)), ("down_proj", (E, VI))):
-            w[p + f"mlp.{n}.weight"], w[p + f"mlp.{n}.bias"] = rnd(*shape), rnd(shape[0])
+            w[p + f"mlp.{n}.weight"] = rnd(*shape, std=s(shape[1]))
+            w[p + f"mlp.{n}.bias"] = rnd(shape[0])
     M = E * vision["spatial_merge_size"] ** 2
     w[v + "merger.ln_q.weight"] = norm(E)
-    w[v + "merger.mlp.0.weight"], w[v + "merger.mlp.0.bias"] = rnd(M, M), rnd(M)
-    w[v + "merger.mlp.2.weight"], w[v + "merger.mlp.2.bias"] = rnd(out, M), rnd(out)
+    w[v + "merger.mlp.0.weight"], w[v + "merger.mlp.0.bias"] = rnd(M, M, std=s(M)), rnd(M)
+    w[v + "merger.mlp.2.weight"], w[v + "merger.mlp.2.bias"] = rnd(out, M, std=s(M)), rnd(out)
     return w
 
 
@@ -132,7 +153,8 @@ def write(out_dir: pathlib.Path, seed: int = 0) -> None:
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
     gen = torch.Generator().manual_seed(seed)
-    save_file({k: v.contiguous() for k, v in _weights(TEXT, VISION, VOCAB, gen).items()},
+    weights = {**_text_weights(TEXT, VOCAB, gen), **vision_weights(VISION, gen)}
+    save_file({k: v.contiguous() for k, v in weights.items()},
               str(out / "model.safetensors"), metadata={"format": "pt"})
     tok.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps({
