@@ -70,3 +70,43 @@ def test_image_prompt_logits_match_transformers(tiny_dir):
                          image_embeds=[model.encode(px, [grid])], image_grid_thw=[grid])
     torch.testing.assert_close(llm.engine.prompt_logits(ids, mm=mmp), want, atol=1e-4, rtol=0)
     llm.engine.check_integrity()
+
+
+def _old_layout(src, dst):
+    """The checkpoint as Qwen2.5-VL was published (before transformers 5): text settings at
+    the top level with rope_scaling {type: mrope}, weights named model.* and visual.*."""
+    from safetensors.torch import load_file, save_file
+    dst.mkdir()
+    c = json.loads((src / "config.json").read_text())
+    text, vision = c.pop("text_config"), c.pop("vision_config")
+    rp = text.pop("rope_parameters")
+    text.pop("model_type")
+    vision["model_type"] = "qwen2_5_vl"      # as the old checkpoints (mis)label it
+    vision["in_chans"] = vision.pop("in_channels")
+    old = {**c, **text, "rope_theta": rp["rope_theta"], "vision_config": vision,
+           "rope_scaling": {"type": "mrope", "mrope_section": rp["mrope_section"]}}
+    (dst / "config.json").write_text(json.dumps(old))
+    w = load_file(str(src / "model.safetensors"))
+    ren = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): v
+           for k, v in w.items()}
+    save_file(ren, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        (dst / f).write_bytes((src / f).read_bytes())
+
+
+def test_old_checkpoint_layout_loads_the_same(tiny_dir, tmp_path):
+    old = tmp_path / "old"
+    _old_layout(tiny_dir, old)
+    new_l, old_l = (registry.load(str(d), progress=False) for d in (tiny_dir, old))
+    assert old_l.config == new_l.config
+    assert set(old_l.weights) == set(new_l.weights)
+    for k, v in new_l.weights.items():
+        assert torch.equal(old_l.weights[k], v), k
+    # The fixture itself is checked by transformers: it reads the old layout as the same model.
+    from transformers import Qwen2_5_VLForConditionalGeneration as HF
+    a, b = (HF.from_pretrained(str(d)).float().eval() for d in (tiny_dir, old))
+    assert a.config.vision_config.in_channels == b.config.vision_config.in_channels == 3
+    sa, sb = a.state_dict(), b.state_dict()
+    assert set(sa) == set(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert list(b.config.text_config.rope_parameters["mrope_section"]) == [2, 3, 3]
+    assert b.config.text_config.rope_parameters["rope_theta"] == a.config.text_config.rope_parameters["rope_theta"]
