@@ -82,6 +82,8 @@ class LLMEngine:
                                f"({params.max_tokens}) exceeds the context of {self.max_model_len}")
         gen = (torch.Generator().manual_seed(params.seed) if params.seed is not None
                else self._default_gen)
+        if mm is not None and self.model_config.vision is None:
+            raise RequestError("this model takes no images or videos")
         if mm is not None and self.cache is not None:
             # The radix tree keys on token ids only: two different images with the same
             # placeholder ids would share KV. Until keys carry media hashes, refuse.

@@ -110,3 +110,32 @@ def test_old_checkpoint_layout_loads_the_same(tiny_dir, tmp_path):
     assert set(sa) == set(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert list(b.config.text_config.rope_parameters["mrope_section"]) == [2, 3, 3]
     assert b.config.text_config.rope_parameters["rope_theta"] == a.config.text_config.rope_parameters["rope_theta"]
+
+
+def test_bfloat16_serving_path_runs_a_video_prompt(tiny_dir):
+    """The default CPU path (bf16 activations, int8 decode weights) against float32 mimo,
+    itself checked against transformers above: close logits, chunked through the video."""
+    out = {}
+    for dt in ("float32", "bfloat16"):
+        llm = LLM(str(tiny_dir), dtype=dt, kv_cache_memory="4MiB", page_size=8, progress=False)
+        vc, grid = llm.engine.model_config.vision, [2, 8, 12]
+        ids = llm.tokenizer.encode("<|im_start|>user\n<|vision_start|>" + "<|video_pad|>" * 48
+                                   + "<|vision_end|>What happens?<|im_end|>\n<|im_start|>assistant\n")
+        px = torch.randn(2 * 8 * 12, vc.patch_dim, generator=torch.Generator().manual_seed(0))
+        mmp = MMPrompt.build(ids, vc, video_embeds=[llm.engine.model.encode(px, [grid])],
+                             video_grid_thw=[grid], second_per_grid_ts=[1.0])
+        out[dt] = llm.engine.prompt_logits(ids, chunk=13, mm=mmp)
+        llm.engine.check_integrity()
+    torch.testing.assert_close(out["bfloat16"], out["float32"], atol=0.1, rtol=0)
+
+
+def test_text_model_refuses_media(tiny_dir):
+    from mimo.engine.engine import RequestError
+    from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+    from mimo import SamplingParams
+    llm = LLM("tiny", loaded=loaded_from_hf(tiny_gemma3_hf()), dtype="float32",
+              kv_cache_memory="4MiB", progress=False)
+    mmp = MMPrompt(torch.zeros(3, 2, dtype=torch.int64), 0, torch.zeros(0, dtype=torch.int64),
+                   torch.zeros(0, 0))
+    with pytest.raises(RequestError, match="no images"):
+        llm.engine.add_request([5, 6], SamplingParams(max_tokens=1), mm=mmp)
