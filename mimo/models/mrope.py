@@ -5,6 +5,11 @@ absolute time for video), row and column on the merged grid. After an item, text
 max(position in the item) + 1, so positions grow more slowly than token indices; decoding
 continues from there with one fixed offset, `delta` = max + 1 - prompt length.
 
+Text after a video resumes past its last frame's temporal position, as in Qwen's reference
+implementation and vLLM. transformers 5.24 resumes at start + max(h, w) / merge instead,
+which differs only when a video spans more temporal positions than spatial ones
+(tests/models/test_qwen2_5_vl.py shows where).
+
 The rotary frequencies are split in three sections (`mrope_section`, in frequency pairs):
 section 0 turns with the temporal position, 1 with the height, 2 with the width.
 """
@@ -39,50 +44,47 @@ def get_rope_index(input_ids: Sequence[int], vision: VisionConfig,
     Video frames are `second_per_grid_ts[i]` seconds apart (default 1) and the temporal axis
     counts `tokens_per_second` per second.
     """
-    ids = torch.as_tensor(list(input_ids), dtype=torch.int64)
+    ids = [int(t) for t in input_ids]
     n = len(ids)
     merge = vision.spatial_merge_size
     grids = {vision.image_token_id: list(image_grid_thw) if image_grid_thw is not None else [],
              vision.video_token_id: list(video_grid_thw) if video_grid_thw is not None else []}
-    used = {k: 0 for k in grids}
+    used = dict.fromkeys(grids, 0)
     secs = list(second_per_grid_ts) if second_per_grid_ts is not None else []
     parts: list[torch.Tensor] = []
     nxt = 0          # the next text position
     i = 0
-    is_media = (ids == vision.image_token_id) | (ids == vision.video_token_id)
-    media_at = torch.nonzero(is_media).squeeze(1).tolist()
-    m = 0            # index into media_at
     while i < n:
-        # Text up to the next media token: one position per token.
-        j = media_at[m] if m < len(media_at) else n
-        if j > i:
+        if ids[i] not in grids:
+            # A run of text: one position per token, the same on every axis.
+            j = i
+            while j < n and ids[j] not in grids:
+                j += 1
             parts.append(torch.arange(nxt, nxt + j - i).expand(3, -1))
             nxt += j - i
             i = j
             continue
-        tok = int(ids[i])
+        tok = ids[i]
+        kind = "image" if tok == vision.image_token_id else "video"
         k = used[tok]
         if k >= len(grids[tok]):
-            kind = "image" if tok == vision.image_token_id else "video"
             raise ValueError(f"more {kind} placeholders than {kind} grids")
-        grid = [int(g) for g in grids[tok][k]]
         used[tok] += 1
+        grid = [int(g) for g in grids[tok][k]]
         count = grid[0] * grid[1] * grid[2] // merge ** 2
-        if i + count > n or not bool((ids[i:i + count] == tok).all()):
-            raise ValueError(f"media item at token {i} needs {count} placeholder tokens in a row")
-        if tok == vision.video_token_id:
-            vid = used[tok] - 1
-            interval = vision.tokens_per_second * (secs[vid] if vid < len(secs) else 1.0)
+        if ids[i:i + count] != [tok] * count:
+            raise ValueError(f"{kind} {k} at token {i} needs {count} placeholder tokens in a row")
+        if kind == "video":
+            interval = vision.tokens_per_second * (float(secs[k]) if k < len(secs) else 1.0)
         else:
             interval = 1.0       # a still image has no time axis to space out
         pos = _grid_positions(nxt, grid, merge, interval)
         parts.append(pos)
-        nxt = int(pos.max()) + 1
+        nxt = int(pos.max()) + 1     # text resumes after the item's largest position
         i += count
-        m += count
     for tok, g in grids.items():
         if used[tok] != len(g):
-            raise ValueError(f"{len(g)} grids given but {used[tok]} items of token {tok} found")
+            raise ValueError(f"{len(g)} grids given for token {tok} but {used[tok]} items found")
     positions = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.int64)
     return positions, nxt - n
 

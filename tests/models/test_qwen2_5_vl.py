@@ -193,3 +193,40 @@ def test_text_and_media_sequences_share_a_step(pair):
         want = ref.generate(input_ids=t, mm_token_type_ids=types, **kw, max_new_tokens=4,
                             min_new_tokens=4, do_sample=False, pad_token_id=0)[0, len(ids):]
     assert b.output_ids == want.tolist()
+
+
+def test_image_and_video_in_one_prompt(pair):
+    """Items of both kinds interleaved with text: placement by kind, positions in order."""
+    ref, llm = pair
+    gi, gv = [1, 8, 12], [2, 8, 8]
+    a, b = _prompt(IMG, 24, 5), _prompt(VID, 32, 6)
+    ids = a + b + a[:3]
+    pi, pv = _patches(gi, 8), _patches(gv, 9)
+    t = torch.tensor([ids])
+    types = (t == IMG).int() + 2 * (t == VID).int()
+    with torch.no_grad():
+        want = ref(input_ids=t, mm_token_type_ids=types, pixel_values=pi,
+                   image_grid_thw=torch.tensor([gi]), pixel_values_videos=pv,
+                   video_grid_thw=torch.tensor([gv]),
+                   second_per_grid_ts=torch.tensor([1.0])).logits[0]
+    model = llm.engine.model
+    # One encoder forward for both items, split back per item.
+    ei, ev = split_embeds(model.encode(torch.cat([pi, pv]), [gi, gv]), [gi, gv])
+    mmp = MMPrompt.build(ids, llm.engine.model_config.vision, image_embeds=[ei],
+                         image_grid_thw=[gi], video_embeds=[ev], video_grid_thw=[gv],
+                         second_per_grid_ts=[1.0])
+    torch.testing.assert_close(llm.engine.prompt_logits(ids, chunk=11, mm=mmp), want,
+                               atol=1e-4, rtol=0)
+
+
+def test_mismatched_media_is_an_error(pair):
+    vision = pair[1].engine.model_config.vision
+    ids = [5, VSTART] + [IMG] * 4 + [VEND]
+    with pytest.raises(ValueError, match="placeholders than image grids"):
+        get_rope_index(ids, vision)
+    with pytest.raises(ValueError, match="in a row"):
+        get_rope_index(ids, vision, image_grid_thw=[[1, 4, 6]])      # 6 tokens needed
+    with pytest.raises(ValueError, match="grids given"):
+        get_rope_index(ids, vision, image_grid_thw=[[1, 4, 4], [1, 4, 4]])
+    with pytest.raises(ValueError, match="embeddings"):
+        MMPrompt.build(ids, vision, image_embeds=[torch.zeros(3, 64)], image_grid_thw=[[1, 4, 4]])
