@@ -41,6 +41,43 @@ def parse_size(text: str | int) -> int:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """A Qwen2.5-VL style vision tower: ViT over 14x14 (x2 frames) patches with window attention
+    on most layers and full attention on `fullatt_block_indexes`, then a 2x2 patch merger to the
+    language model's width. `window_size` is in pixels (112 = 4x4 merged units = 8x8 patches)."""
+    depth: int
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    out_hidden_size: int
+    fullatt_block_indexes: tuple[int, ...] = ()
+    in_channels: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    window_size: int = 112
+    tokens_per_second: float = 4.0
+    rope_theta: float = 10_000.0
+    rms_norm_eps: float = 1e-6
+    image_token_id: int | None = None
+    video_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened patch row: channels x frames x pixels."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "VisionConfig":
+        data = dict(data)
+        if "fullatt_block_indexes" in data:
+            data["fullatt_block_indexes"] = tuple(data["fullatt_block_indexes"])
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     """Architecture of a decoder. Layer kinds are per layer: 'full' or 'swa'.
 
@@ -91,6 +128,11 @@ class ModelConfig:
     # Multi-token-prediction layers after the last decoder layer. Their KV is cached as extra
     # SWA-kind layers (see `kv_layer_types`).
     num_mtp_layers: int = 0
+    # Multimodal RoPE (Qwen2-VL family): rotary frequency pairs per (temporal, height, width)
+    # axis, summing to head_dim / 2; None for plain 1-D RoPE.
+    mrope_section: tuple[int, ...] | None = None
+    attention_bias: bool = False       # q/k/v projections carry a bias (Qwen2)
+    vision: VisionConfig | None = None # the vision tower of a vision-language model
 
     def __post_init__(self):
         if len(self.layer_types) != self.num_layers:
@@ -106,6 +148,9 @@ class ModelConfig:
             raise ConfigError("sparse layers need 0 < num_experts_per_tok <= num_experts")
         if self.num_mtp_layers < 0:
             raise ConfigError("num_mtp_layers must be >= 0")
+        if self.mrope_section is not None and 2 * sum(self.mrope_section) != self.head_dim:
+            raise ConfigError(f"mrope_section {self.mrope_section} must sum to head_dim / 2 "
+                              f"({self.head_dim // 2})")
 
     @property
     def full_layers(self) -> tuple[int, ...]:
@@ -136,6 +181,10 @@ class ModelConfig:
             data["eos_token_ids"] = tuple(data["eos_token_ids"])
         if "mlp_types" in data:
             data["mlp_types"] = tuple(data["mlp_types"])
+        if data.get("mrope_section") is not None:
+            data["mrope_section"] = tuple(data["mrope_section"])
+        if isinstance(data.get("vision"), dict):
+            data["vision"] = VisionConfig.from_dict(data["vision"])
         return _from_dict(cls, data)
 
 

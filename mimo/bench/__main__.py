@@ -18,6 +18,7 @@ COMMANDS = [
     ".generate",         # generate: decode tokens/s, mimo vs transformers vs llama.cpp
     ".cache_sim",        # cache-sim: prefix-cache hit rate of a trace, per policy and budget
     ".serve",            # serve: TTFT per waiting-queue policy, a trace replayed on real servers
+    ".encoder",          # encoder: vision encoder QPS / p90, cross-request batching off vs on
 ]
 
 

@@ -62,9 +62,10 @@ class LLMEngine:
         self.load_seconds = time.perf_counter() - t0
 
     # ---- requests -------------------------------------------------------------------
-    def new_sequence(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
         """Validate a request and build its Sequence without queueing it. Touches no shared
-        state (ids come from a thread-safe counter), so any thread may call it."""
+        state (ids come from a thread-safe counter), so any thread may call it. `mm`: an
+        MMPrompt for a multimodal prompt (multimodal models only)."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
         if not prompt_ids:
@@ -82,7 +83,10 @@ class LLMEngine:
                                f"({params.max_tokens}) exceeds the context of {self.max_model_len}")
         gen = (torch.Generator().manual_seed(params.seed) if params.seed is not None
                else self._default_gen)
-        seq = Sequence(next(self._ids), list(prompt_ids), params, self.eos_ids, generator=gen)
+        if mm is not None and self.model_config.vision is None:
+            raise RequestError("this model takes no images or videos")
+        seq = Sequence(next(self._ids), list(prompt_ids), params, self.eos_ids, generator=gen,
+                       mm=mm)
         if not self.scheduler.fits_empty_pool(seq):
             f, s = self.scheduler.need(seq)
             raise RequestError(
@@ -91,8 +95,8 @@ class LLMEngine:
                 f"lower max_tokens or raise --kv-cache-memory")
         return seq
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        seq = self.new_sequence(prompt_ids, params)
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
+        seq = self.new_sequence(prompt_ids, params, mm)
         self.scheduler.add(seq)
         return seq
 
@@ -133,16 +137,18 @@ class LLMEngine:
         self.scheduler.commit(chunks)
         return out
 
-    def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None) -> torch.Tensor:
+    def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None,
+                      mm=None) -> torch.Tensor:
         """Logits at every prompt position [n, vocab], computed through the paged cache in
         chunks of `chunk` tokens (default: one chunk). For scoring and reference checks; it
-        bypasses the scheduler, so call it on an idle engine."""
+        bypasses the scheduler, so call it on an idle engine. `mm`: an MMPrompt (vision
+        embeddings and 3-D positions) for multimodal models."""
         from .scheduler import ScheduledChunk
         if self.scheduler.has_work():
             raise RuntimeError("prompt_logits needs an idle engine")
         if not prompt_ids or len(prompt_ids) > self.max_model_len:
             raise RequestError("prompt must have 1..max_model_len tokens")
-        seq = Sequence(-1, list(prompt_ids), SamplingParams(max_tokens=1), self.eos_ids)
+        seq = Sequence(-1, list(prompt_ids), SamplingParams(max_tokens=1), self.eos_ids, mm=mm)
         seq.kv = self.pool.new_seq()
         chunk = chunk or len(prompt_ids)
         out = []

@@ -36,18 +36,33 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
         order (with `all_logits`, for every scheduled token instead: scoring and tests)."""
-        return self.model(*self.prepare(chunks, all_logits))
+        *args, kw = self.prepare(chunks, all_logits)
+        return self.model(*args, **kw)
 
     def prepare(self, chunks: list[ScheduledChunk], all_logits: bool = False
-                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor | None]:
-        """(input_ids, positions, ctx, logit_rows) of one step, the model's forward arguments.
+                ) -> tuple[torch.Tensor, torch.Tensor, ForwardContext, torch.Tensor | None, dict]:
+        """(input_ids, positions, ctx, logit_rows, keyword args) of one step: the model's
+        forward arguments (keywords only for multimodal steps: `mm_embeds`).
         The same ctx also serves the model's MTP layers (`mtp_forward`) for these positions."""
         ids, pos, spans, rows = [], [], [], []
+        # Any multimodal sequence in the step: positions become [3, T] (text rows repeat
+        # their position on all three axes) and its media rows get vision embeddings.
+        mm = any(c.seq.mm is not None for c in chunks)
+        pos3, mm_rows, mm_embs = [], [], []
         row = 0
         for c in chunks:
             toks = c.seq.all_ids[c.start:c.start + c.n]
             ids.extend(toks)
             pos.extend(range(c.start, c.start + c.n))
+            if mm:
+                if c.seq.mm is None:
+                    pos3.append(torch.arange(c.start, c.start + c.n).expand(3, -1))
+                else:
+                    p3, r, e = c.seq.mm.chunk(c.start, c.n)
+                    pos3.append(p3)
+                    if r.numel():
+                        mm_rows.append(r + row)
+                        mm_embs.append(e)
             spans.append((row, c.start, c.n, c.seq.kv))
             row += c.n
             if c.sample:
@@ -59,6 +74,12 @@ class ModelRunner:
                                               self.mask_dtype)
         ctx = ForwardContext(self.kv, batches, self.backend)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        positions = torch.tensor(pos, dtype=torch.int64, device=dev)
         logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
-        return input_ids, positions, ctx, logit_rows
+        if not mm:
+            positions = torch.tensor(pos, dtype=torch.int64, device=dev)
+            return input_ids, positions, ctx, logit_rows, {}
+        positions = torch.cat(pos3, dim=1).to(dev)
+        embeds = None
+        if mm_rows:
+            embeds = (torch.cat(mm_rows).to(dev), torch.cat(mm_embs).to(dev))
+        return input_ids, positions, ctx, logit_rows, {"mm_embeds": embeds}

@@ -24,7 +24,7 @@ from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import swa_steady_pages, swa_transient_pages
 from .policy import WaitingPolicy, make_policy
-from .sequence import Sequence, Status
+from .sequence import NO_CACHE, Sequence, Status
 
 
 @dataclass
@@ -52,9 +52,13 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.clock = time.monotonic
 
+    def _cached(self, seq: Sequence) -> bool:
+        """Whether this request goes through the prefix cache."""
+        return self.cache is not None and seq.cache_namespace is not NO_CACHE
+
     def _uncached(self, seq: Sequence) -> int:
         tokens = seq.all_ids[:seq.prefill_end]
-        cached = self.cache.cached_len(tokens) if self.cache is not None else 0
+        cached = self.cache.cached_len(tokens, seq.cache_namespace) if self._cached(seq) else 0
         return len(tokens) - cached
 
     # ---- capacity -------------------------------------------------------------------
@@ -136,13 +140,13 @@ class Scheduler:
                 break
             kv = self.pool.new_seq()
             cached = 0
-            if self.cache is not None:
+            if self._cached(seq):
                 cached = self.cache.admit(kv, seq.all_ids[:seq.prefill_end],
-                                          len(seq.prompt_ids), seq.max_len)
+                                          len(seq.prompt_ids), seq.max_len, seq.cache_namespace)
             if not self._can_admit(seq, kv) and kv.keep_swa:
                 kv.keep_swa = frozenset()   # too tight to hold retention windows: run anyway
             if not self._can_admit(seq, kv):
-                if self.cache is not None:
+                if self._cached(seq):
                     self.cache.finish(kv, [], len(seq.prompt_ids))
                 else:
                     self.pool.free_seq(kv)
@@ -199,7 +203,7 @@ class Scheduler:
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         tokens = seq.all_ids[:seq.num_computed]
-        if self.cache is not None:
+        if self._cached(seq):
             self.cache.finish(seq.kv, tokens, len(seq.prompt_ids))
         else:
             self.pool.free_seq(seq.kv)
@@ -217,7 +221,7 @@ class Scheduler:
             seq.num_computed = c.start + c.n
             # Share prompt KV as it is made (a concurrent request with the same prefix
             # reuses it); before window release, which may free pages the tree would keep.
-            if (self.cache is not None and seq.finish_reason is None
+            if (self._cached(seq) and seq.finish_reason is None
                     and c.start < seq.prefill_end):
                 self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
             self.pool.release_window(seq.kv, seq.num_computed)
@@ -227,7 +231,7 @@ class Scheduler:
     def finish(self, seq: Sequence) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            if self.cache is not None:
+            if self._cached(seq):
                 self.cache.finish(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
             else:
                 self.pool.free_seq(seq.kv)

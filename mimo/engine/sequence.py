@@ -10,6 +10,9 @@ from ..kvcache.dual_pool import SeqKV
 from .sampling_params import SamplingParams
 
 
+NO_CACHE = object()     # a Sequence.cache_namespace: keep this request out of the prefix cache
+
+
 class Status(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -42,11 +45,23 @@ class Sequence:
             self.prefill_end = len(self.prompt_ids)
 
     @property
+    def cache_namespace(self):
+        """Prefix-cache key space: None for text; a multimodal prompt's media hash (token ids
+        alone do not say which image a placeholder stands for); `NO_CACHE` without one."""
+        if self.mm is None:
+            return None
+        key = getattr(self.mm, "cache_key", None)
+        return NO_CACHE if key is None else ("media", key)
+
+    @property
     def queue_wait(self) -> float | None:
         """Seconds spent waiting for admission (None while still waiting)."""
         if self.queued_at is None or self.admitted_at is None:
             return None
         return self.admitted_at - self.queued_at
+    # Multimodal prompts (an engine.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
+    # None for text, which then runs exactly as before.
+    mm: object | None = None
 
     @property
     def all_ids(self) -> list[int]:

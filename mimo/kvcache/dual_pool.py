@@ -31,6 +31,7 @@ class SeqKV:
     # (its retention checkpoints): window release holds them instead of freeing them.
     keep_swa: frozenset = frozenset()
     branch_len: int = 0        # where the request left the cached path at admission
+    namespace: object = None   # its prefix-cache key space (None: plain token ids)
 
     @property
     def capacity_tokens(self) -> int:

@@ -42,16 +42,20 @@ class PrefixCache:
         return self.pool.hybrid and self.tree.owns_swa(page)
 
     # ---- admission -------------------------------------------------------------------
-    def cached_len(self, prompt_ids: list[int]) -> int:
+    def cached_len(self, prompt_ids: list[int], namespace=None) -> int:
         """Prompt tokens a request admitted now would reuse (no side effects)."""
-        return self.tree.peek(prompt_ids[:-1])
+        return self.tree.peek(prompt_ids[:-1], namespace)
 
-    def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int) -> int:
+    def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
+              namespace=None) -> int:
         """Point a new request's page tables at the window-safe cached prefix of `tokens`
         (its prompt; prompt and output so far when resuming after preemption) but the last
         token, which must be computed to produce logits; lock it, and note which SWA pages
-        retention will want from the request. Returns cached tokens."""
-        m = self.tree.match(tokens[:-1])
+        retention will want from the request. `namespace`: the key space (media hashes of
+        a multimodal prompt; None for text), kept for the request's later syncs and insert.
+        Returns cached tokens."""
+        seq.namespace = namespace
+        m = self.tree.match(tokens[:-1], namespace)
         seq.branch_len = m.prefix_len
         if self.pool.hybrid and not self.tree.policy.keep_all:
             seq.keep_swa = frozenset(self.tree.keep_pages(max_len, prompt_len, m.prefix_len))
@@ -73,10 +77,10 @@ class PrefixCache:
         if n == 0:
             return
         swa = seq.swa_pages[:n] if self.pool.hybrid else None
-        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, prompt_len=prompt_len,
-                         revive=False, branch_len=seq.branch_len)
+        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, seq.namespace,
+                         prompt_len=prompt_len, revive=False, branch_len=seq.branch_len)
         # Pages the tree did not take stay the request's own until it finishes.
-        m = self.tree.match(tokens[:n * self.P], count=False)
+        m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False)
         if m.node is not seq.node and m.length >= (seq.node.end if seq.node else 0):
             self.tree.lock(m.node)
             self.tree.unlock(seq.node)
@@ -88,7 +92,7 @@ class PrefixCache:
         n = len(tokens) // self.P
         if n:
             swa = seq.swa_pages[:n] if self.pool.hybrid else None
-            res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa,
+            res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, seq.namespace,
                                    prompt_len=prompt_len, branch_len=seq.branch_len)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)

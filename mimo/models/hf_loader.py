@@ -12,6 +12,8 @@ _PREFIXES = ("language_model.", "model.language_model.")
 
 
 def _canonical(name: str) -> str:
+    if name.startswith("model.visual."):      # transformers 5's Qwen2.5-VL vision tower
+        return name[len("model."):]
     for p in _PREFIXES:
         if name.startswith(p):
             rest = name[len(p):]

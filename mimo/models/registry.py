@@ -108,4 +108,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch
     if cfg.arch == "mimo_v2_flash":
         from .mimo_v2_flash import MiMoV2FlashForCausalLM
         return MiMoV2FlashForCausalLM(cfg, weights, dtype)
+    if cfg.arch == "qwen2_5_vl":
+        from .qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
+        return Qwen2_5_VLForConditionalGeneration(cfg, weights, dtype)
     raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")

@@ -303,7 +303,7 @@ def test_mtp_forward_matches_plain_forward(hf_model, mtp_setup, chunk):
         for start in range(0, M, chunk):
             n = min(chunk, M - start)
             eng.pool.grow(seq.kv, start + n)
-            input_ids, positions, ctx, _ = eng.runner.prepare([ScheduledChunk(seq, start, n, True)],
+            input_ids, positions, ctx, _, _ = eng.runner.prepare([ScheduledChunk(seq, start, n, True)],
                                                               all_logits=True)
             h = eng.model(input_ids, positions, ctx)
             outs[0].append(h)

@@ -1,0 +1,109 @@
+"""encode: the vision encoder as a BatchStage. The patches of many requests' images and videos
+go through one encoder forward under a patch budget; the embeddings come back split per
+request and per item.
+
+Why batch: an encoder forward over one small image is many small matmuls plus fixed per-layer
+overhead; packing several requests' items into one forward (no padding: the encoder attends
+block-diagonally per item and window) makes the matmuls large enough to run efficiently, so
+throughput rises, and under load each request waits for one batched forward rather than for
+everybody ahead of it one by one.
+
+Input: `req.data[source]` is a list of media items, each with `pixel_values` [patches,
+patch_dim] and `grid_thw` (t, h, w) in patches (a mapping or an object with those
+attributes), as the preprocess stage produces them. Output (`req.data["encode"]`): one
+embedding tensor per item, in order.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..pipeline import BatchStage, InvalidRequest
+
+
+def _field(item: Any, name: str):
+    return item[name] if isinstance(item, dict) else getattr(item, name)
+
+
+def _items(req, source: str) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
+    media = req.data.get(source) or []
+    out = []
+    for item in media:
+        px = _field(item, "pixel_values")
+        t, h, w = (int(x) for x in torch.as_tensor(_field(item, "grid_thw")).reshape(3).tolist())
+        out.append((px, (t, h, w)))
+    return out
+
+
+class EncodeStage(BatchStage):
+    """`encoder(pixel_values, grid_thw) -> embeddings` runs many items at once, returning their
+    embeddings concatenated in item order (e.g. `Qwen2_5_VLForConditionalGeneration.encode`);
+    each item yields t*h*w / merge**2 rows. `max_batch_cost` is the patch budget of one
+    forward (a request larger than it runs alone)."""
+    name = "encode"
+    max_batch_size = 64
+    max_batch_cost = 16384
+    max_wait_ms = 2.0
+
+    def __init__(self, encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
+                 patch_dim: int, merge: int = 2, source: str = "preprocess",
+                 name: str | None = None, max_batch_size: int | None = None,
+                 max_batch_cost: float | None = None, max_wait_ms: float | None = None):
+        super().__init__(name)
+        self.encoder = encoder
+        self.patch_dim = patch_dim
+        self.merge = merge
+        self.source = source
+        if max_batch_size is not None:
+            self.max_batch_size = max_batch_size
+        if max_batch_cost is not None:
+            self.max_batch_cost = max_batch_cost
+        if max_wait_ms is not None:
+            self.max_wait_ms = max_wait_ms
+
+    def cost(self, req) -> float:
+        try:
+            return float(sum(t * h * w for _, (t, h, w) in _items(req, self.source)))
+        except Exception:
+            return 1.0     # malformed: process_batch reports it for this request alone
+
+    def _check(self, items) -> None:
+        m = self.merge
+        for i, (px, (t, h, w)) in enumerate(items):
+            if t < 1 or h % m or w % m or h < m or w < m:
+                raise InvalidRequest(f"media item {i}: grid {(t, h, w)} must be positive with "
+                                     f"h and w multiples of {m}")
+            if px.dim() != 2 or px.shape != (t * h * w, self.patch_dim):
+                raise InvalidRequest(f"media item {i}: pixel_values {tuple(px.shape)} do not "
+                                     f"match grid {(t, h, w)} x {self.patch_dim}")
+
+    async def process_batch(self, reqs) -> Sequence[Any]:
+        results: list[Any] = [None] * len(reqs)
+        work = []                  # (request index, its items)
+        for i, req in enumerate(reqs):
+            try:
+                items = _items(req, self.source)
+                self._check(items)
+            except InvalidRequest as e:
+                results[i] = e
+                continue
+            except Exception as e:
+                results[i] = InvalidRequest(f"malformed media input: {e}")
+                continue
+            if req.cancelled:
+                results[i] = []    # its answer is dropped; skip the work
+            elif not items:
+                results[i] = []
+            else:
+                work.append((i, items))
+        if work:
+            px = torch.cat([p for _, items in work for p, _ in items])
+            grids = torch.tensor([g for _, items in work for _, g in items])
+            embeds = await asyncio.to_thread(self.encoder, px, grids)
+            sizes = [t * h * w // self.merge ** 2 for t, h, w in grids.tolist()]
+            parts = iter(torch.split(embeds, sizes))
+            for i, items in work:
+                results[i] = [next(parts) for _ in items]
+        return results
