@@ -47,9 +47,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--output-scale", type=float, default=None,
                    help="output length scale (default: block-tokens / 512)")
     p.add_argument("--max-output-tokens", type=int, default=24)
-    p.add_argument("--time-scale", type=float, default=0.02,
+    p.add_argument("--time-scale", type=float, default=2.5,
                    help="multiply trace inter-arrival times (smaller: higher load)")
-    p.add_argument("--aging-per-second", type=float, default=1000.0)
+    p.add_argument("--aging-per-second", type=float, default=20.0,
+                   help="compute-aware aging; scale it with the machine: a fraction of the "
+                        "tokens/s it prefills (about 400 on 2 CPU cores)")
     p.add_argument("--kv-cache-memory", default="1GiB")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--server-args", default="", help="extra flags for server.py")
@@ -131,10 +133,10 @@ class _Server:
         self.log.close()
 
 
-async def _one(client, url: str, req: dict, t_start: float, rec: dict) -> None:
+async def _one(client, url: str, model: str, req: dict, t_start: float, rec: dict) -> None:
     await asyncio.sleep(max(0.0, t_start + req["at"] - time.perf_counter()))
     sent = time.perf_counter()
-    body = {"model": "default", "prompt": req["prompt"], "max_tokens": req["max_tokens"],
+    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"],
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     rec.update(prompt_tokens=len(req["prompt"]), ttft=None, cached=0, out=0)
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
@@ -158,8 +160,10 @@ async def _replay(url: str, reqs: list[dict], label: str) -> tuple[list[dict], f
     recs = [{} for _ in reqs]
     limits = httpx.Limits(max_connections=len(reqs) + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+        model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
         t0 = time.perf_counter()
-        tasks = [asyncio.create_task(_one(client, url, r, t0, rec)) for r, rec in zip(reqs, recs)]
+        tasks = [asyncio.create_task(_one(client, url, model, r, t0, rec))
+                 for r, rec in zip(reqs, recs)]
         pending = set(tasks)
         while pending:
             done, pending = await asyncio.wait(pending, timeout=10)
@@ -167,6 +171,9 @@ async def _replay(url: str, reqs: list[dict], label: str) -> tuple[list[dict], f
                  f"{time.perf_counter() - t0:.0f}s")
         for t in tasks:
             t.result()
+        errors = [r["error"] for r in recs if "error" in r]
+        if errors:
+            _log(f"{label}: {len(errors)} requests failed, first: {errors[0]}")
         return recs, time.perf_counter() - t0
 
 
@@ -238,7 +245,8 @@ def measure(args) -> dict:
     out = {"bench": NAME, "trace": str(args.trace), "requests": len(reqs),
            "block_tokens": args.block_tokens, "time_scale": args.time_scale,
            "aging_per_second": args.aging_per_second, "policies": results}
-    if "fcfs" in results and "compute-aware" in results:
+    ok = all(r["ttft"]["p90"] for r in results.values())
+    if ok and "fcfs" in results and "compute-aware" in results:
         f, c = results["fcfs"], results["compute-aware"]
         max_u = max(len(r["prompt"]) for r in reqs)
         bound = max_u / args.aging_per_second + f["longest_queue_wait_s"]

@@ -145,3 +145,25 @@ def test_client_disconnect_frees_kv(server):
     server.assert_pools_idle(timeout=5.0)
     after = server.pools()["steps"]
     assert after - start < 400 - 6, "the request ran to completion instead of being aborted"
+
+
+def test_repeated_prompt_reports_cached_tokens(client, gemma_fp32, server):
+    prompt = ("A hybrid sliding-window model keeps full attention in a few layers and a short "
+              "window in the others, so a server can cache many more tokens per byte. " * 3)
+    ids = gemma_fp32.tokenizer.encode(prompt)
+    before = _metric(server, "mimo_cached_prompt_tokens_total")
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    second = client.completions.create(model=MODEL, prompt=prompt, max_tokens=8, temperature=0)
+    # All but the last prompt token (computed for its logits), in whole 16-token pages.
+    assert second.usage.prompt_tokens_details.cached_tokens == (len(ids) - 1) // 16 * 16
+    assert second.choices[0].text == first.choices[0].text == offline(gemma_fp32, ids, 8).text
+    cached = first.usage.prompt_tokens_details.cached_tokens + (len(ids) - 1) // 16 * 16
+    assert _metric(server, "mimo_cached_prompt_tokens_total") - before == cached
+    server.assert_pools_idle()
+
+
+def _metric(server, name: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
