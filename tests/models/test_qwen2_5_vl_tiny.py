@@ -139,3 +139,37 @@ def test_text_model_refuses_media(tiny_dir):
                    torch.zeros(0, 0))
     with pytest.raises(RequestError, match="no images"):
         llm.engine.add_request([5, 6], SamplingParams(max_tokens=1), mm=mmp)
+
+
+def test_prefix_cache_reuses_kv_only_for_the_same_media(tiny_dir):
+    """Media hashes key the prefix cache: the same image (same key) in the same place reuses
+    the prompt's KV; another image behind the same placeholder ids does not, and its output
+    equals an uncached run."""
+    from mimo import SamplingParams
+    llm = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="4MiB", page_size=8,
+              progress=False)
+    vc, model = llm.engine.model_config.vision, llm.engine.model
+    grid = [1, 8, 8]
+    n = grid[0] * grid[1] * grid[2] // 4
+    ids = [vc.vision_start_token_id] + [vc.image_token_id] * n + [vc.vision_end_token_id]
+    ids += list(range(100, 140))
+    pixels = {k: torch.randn(64, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(s))
+              for s, k in enumerate("ab")}
+
+    def run(key, cache_key):
+        mmp = MMPrompt.build(ids, vc, image_embeds=[model.encode(pixels[key], [grid])],
+                             image_grid_thw=[grid])
+        mmp.cache_key = cache_key
+        seq = llm.engine.add_request(ids, SamplingParams(temperature=0, max_tokens=6,
+                                                         ignore_eos=True), mm=mmp)
+        while llm.engine.has_work():
+            llm.engine.step()
+        llm.engine.check_integrity()
+        return seq
+
+    uncached_b = run("b", None)
+    first_a, again_a, other_b = run("a", "hash-a"), run("a", "hash-a"), run("b", "hash-b")
+    assert uncached_b.cached_tokens == first_a.cached_tokens == 0
+    assert again_a.cached_tokens == (len(ids) - 1) // 8 * 8
+    assert again_a.output_ids == first_a.output_ids
+    assert other_b.cached_tokens == 0 and other_b.output_ids == uncached_b.output_ids
