@@ -33,17 +33,18 @@ class ModelRunner:
 
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
-        order (with `all_logits`, for every scheduled token instead: scoring and tests)."""
+        order: one row each, or 1 + len(draft) rows for a verify chunk (with `all_logits`, for every scheduled token instead: scoring and tests)."""
         ids, pos, spans, rows = [], [], [], []
         row = 0
         for c in chunks:
-            toks = c.seq.all_ids[c.start:c.start + c.n]
+            # A verify chunk: the last known token, then the draft (not part of the sequence).
+            toks = c.seq.all_ids[c.start:c.start + c.n - len(c.draft)] + c.draft
             ids.extend(toks)
             pos.extend(range(c.start, c.start + c.n))
             spans.append((row, c.start, c.n, c.seq.kv))
             row += c.n
             if c.sample:
-                rows.append(row - 1)
+                rows.extend(range(row - 1 - len(c.draft), row))
         dev = self.device
         batches = {"full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype)}
         if self.has_swa:

@@ -9,11 +9,19 @@ prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the 
 released at the end of its step). So decode tokens can always grow, at least one prefill
 chunk fits every step, nothing deadlocks and no request dies mid-generation; a request that
 does not fit waits until running ones finish and free their pages.
+
+Speculative decoding (`num_draft` > 0): a decoding request's chunk is its last token plus up
+to `num_draft` draft tokens, all verified in the step. Drafts are cut so that every token a
+step can emit fits in max_tokens, hence the full reservation is unchanged; the steady SWA
+reservation grows to window + num_draft (a verify chunk holds the window behind its last
+token plus the drafts). After verification `commit` keeps the accepted positions' KV and
+frees the pages past them; SWA release only follows the accepted length, so a rollback never
+needs SWA KV that was already released.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
@@ -28,6 +36,8 @@ class ScheduledChunk:
     start: int          # first position computed this step
     n: int              # tokens computed this step
     sample: bool        # this chunk ends at the last known token: sample the next one
+    draft: list[int] = field(default_factory=list)  # speculative tokens after it (its last rows)
+    kept: int | None = None   # set after verification: leading positions whose KV stays (n if None)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -35,8 +45,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0):
         self.cfg = cfg
+        self.num_draft = num_draft
         self.pool = pool
         self.cache = cache          # PrefixCache or None
         opts = {"aging_per_second": cfg.aging_per_second} if cfg.policy == "compute-aware" else {}
@@ -49,7 +60,8 @@ class Scheduler:
         """(full pages, steady SWA pages) the request may hold between steps."""
         P = self.pool.page_size
         full = _cdiv(seq.max_len, P)
-        swa = swa_steady_pages(self.pool.window, P, seq.max_len) if self.pool.hybrid else 0
+        swa = (swa_steady_pages(self.pool.window + self.num_draft, P, seq.max_len)
+               if self.pool.hybrid else 0)
         return full, swa
 
     @property
@@ -79,13 +91,17 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledChunk]:
+    def schedule(self, drafts: dict | None = None) -> list[ScheduledChunk]:
+        """`drafts`: {sequence in decode: draft tokens} (speculative decoding), or None."""
         budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
-                out.append(self._chunk(seq, 1))
-                budget -= 1
+                d = drafts.get(seq, []) if drafts else []
+                # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
+                d = d[:max(0, min(self.num_draft, budget - 1, seq.max_len - seq.num_tokens - 1))]
+                out.append(self._chunk(seq, 1 + len(d), d))
+                budget -= 1 + len(d)
         for seq in self.running:
             if seq.in_prefill and budget > 0:
                 n = self._fit(seq, min(len(seq.prompt_ids) - seq.num_computed, budget))
@@ -143,11 +159,13 @@ class Scheduler:
         limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
         return max(0, min(n, limit))
 
-    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+    def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         start = seq.num_computed
         if self.cache is not None:
             self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
         self.pool.grow(seq.kv, start + n)
+        if draft:
+            return ScheduledChunk(seq, start, n, True, draft)
         return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
 
     # ---- after the model ran -------------------------------------------------------
@@ -156,7 +174,9 @@ class Scheduler:
         P = self.pool.page_size
         for c in chunks:
             seq = c.seq
-            seq.num_computed = c.start + c.n
+            seq.num_computed = c.start + (c.n if c.kept is None else c.kept)
+            if c.kept is not None and c.kept < c.n:     # rejected drafts: roll their KV back
+                self.pool.truncate(seq.kv, seq.num_computed)
             self.pool.release_window(seq.kv, seq.num_computed)
             # Share KV as it is made: after every prefill chunk and every decode page.
             if self.cache is not None and seq.finish_reason is None and (

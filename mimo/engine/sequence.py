@@ -30,6 +30,7 @@ class Sequence:
     finish_reason: str | None = None
     generator: torch.Generator | None = None
     arrival: int = 0
+    spec_stats: object = None      # mimo.spec.SpecStats once speculative decoding ran for it
 
     @property
     def all_ids(self) -> list[int]:
