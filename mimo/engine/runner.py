@@ -41,7 +41,12 @@ class ModelRunner:
             toks = c.seq.all_ids[c.start:c.start + c.n - len(c.draft)] + c.draft
             ids.extend(toks)
             pos.extend(range(c.start, c.start + c.n))
-            spans.append((row, c.start, c.n, c.seq.kv))
+            if c.draft:
+                # Verify rows attend exactly as decode rows would (batched with the other
+                # decodes, same kernel), so accepted tokens match plain decoding.
+                spans.extend((row + i, c.start + i, 1, c.seq.kv) for i in range(c.n))
+            else:
+                spans.append((row, c.start, c.n, c.seq.kv))
             row += c.n
             if c.sample:
                 rows.extend(range(row - 1 - len(c.draft), row))
