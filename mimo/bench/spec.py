@@ -39,6 +39,7 @@ def add_parser(subparsers):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"])
+    p.add_argument("--kv-cache-memory", default="512MiB", help="KV budget of each engine")
     return p
 
 
@@ -101,7 +102,7 @@ def run(args) -> int:
     loaded = registry.load(args.model, progress=False)
     common = dict(progress=False, loaded=loaded, dtype=args.dtype, quantize=args.quantize,
                   num_threads=args.threads, max_num_seqs=max(1, args.streams),
-                  kv_cache_memory="512MiB")
+                  kv_cache_memory=args.kv_cache_memory)
     llms = {"off": LLM(args.model, **common),
             "on": LLM(args.model, speculative=args.drafter,
                       num_draft_tokens=args.num_draft_tokens, **common)}
