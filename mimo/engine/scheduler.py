@@ -95,11 +95,14 @@ class Scheduler:
         """`drafts`: {sequence in decode: draft tokens} (speculative decoding), or None."""
         budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
+        # Every decode gets its own token before any draft: drafts share what is left.
+        spare = budget - sum(not s.in_prefill for s in self.running)
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
                 d = drafts.get(seq, []) if drafts else []
                 # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
-                d = d[:max(0, min(self.num_draft, budget - 1, seq.max_len - seq.num_tokens - 1))]
+                d = d[:max(0, min(self.num_draft, spare, seq.max_len - seq.num_tokens - 1))]
+                spare -= len(d)
                 out.append(self._chunk(seq, 1 + len(d), d))
                 budget -= 1 + len(d)
         for seq in self.running:
