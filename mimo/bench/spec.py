@@ -7,7 +7,8 @@ and get the same prompts, greedy, exactly --max-tokens tokens each (ignore_eos);
 alternate (off, on, on, off, ...) for --reps repetitions so machine load hits both alike.
 
 Reported: decode tokens/s (tokens after the first / time after the first token) off and on,
-the speedup, mean acceptance length (tokens per verify step), acceptance per draft position,
+the speedup (of the mean rates, and the median of the per-repetition ratios), mean
+acceptance length (tokens per verify step), acceptance per draft position,
 `lossless` (every output token-identical with speculation on and off), and `copy_fraction`
 (share of output 8-grams found in the prompt: the workload really copies). One JSON line last;
 progress on stderr.
@@ -127,13 +128,17 @@ def run(args) -> int:
             lossless &= outs == ref
             _log(f"rep {rep + 1}/{args.reps} speculation {mode}: {rate:.2f} decode tokens/s")
     off, on = sum(tps["off"]) / len(tps["off"]), sum(tps["on"]) / len(tps["on"])
+    # Each repetition's pair ran back to back: its ratio is the least disturbed by load drift.
+    pairs = sorted(b / a for a, b in zip(tps["off"], tps["on"]))
+    median = (pairs[(len(pairs) - 1) // 2] + pairs[len(pairs) // 2]) / 2
     copy = sum(copy_fraction(p, o) for p, o in zip(prompts, outputs["ref"])) / len(prompts)
     res = {"bench": NAME, "model": args.model, "drafter": args.drafter,
            "workload": args.workload, "num_draft_tokens": args.num_draft_tokens,
            "prompts": len(prompts), "streams": args.streams, "max_tokens": args.max_tokens,
            "reps": args.reps, "threads": args.threads, "dtype": args.dtype,
            "decode_tps_off": round(off, 2), "decode_tps_on": round(on, 2),
-           "speedup": round(on / off, 3),
+           "speedup": round(on / off, 3), "speedup_median_of_pairs": round(median, 3),
+           "speedup_per_rep": [round(x, 3) for x in pairs],
            "mean_acceptance_length": round(total.mean_acceptance_length, 3),
            "acceptance_rate_by_position": [round(r, 3) for r in total.position_rate],
            "lossless": lossless, "copy_fraction": round(copy, 3)}
