@@ -88,3 +88,34 @@ def test_spec_bench_runs_and_ends_with_one_json_line(tiny_hf_dir):
     assert "[spec]" in r.stderr
     r = _run("-m", "mimo.bench", "spec", "--shape", "mimo-v2-flash-tiny", "--drafter", "mtp")
     assert r.returncode == 2 and "not available yet" in r.stderr
+
+
+def test_async_engine_streams_every_token_of_a_multi_token_step():
+    """A verify step can give a request several tokens, its last one ending it: the stream
+    must carry all of them, with the finish reason on the final event only."""
+    import asyncio
+
+    from mimo.engine.async_engine import AsyncEngine
+    loaded = loaded_from_hf(tiny_gemma3_hf())
+    prompt = [2] + [11, 12, 13] * 6
+    params = SamplingParams(temperature=0, max_tokens=25, ignore_eos=True)
+    want = LLM("tiny", progress=False, loaded=loaded, dtype="float32",
+               kv_cache_memory="4MiB").generate({"prompt_token_ids": prompt}, params)[0]
+    llm = LLM("tiny", progress=False, loaded=loaded, dtype="float32", kv_cache_memory="4MiB",
+              speculative="ngram")
+
+    async def main():
+        ae = AsyncEngine(llm.engine)
+        ae.start()
+        try:
+            events = [ev async for ev in ae.submit(prompt, params)]
+        finally:
+            await ae.stop()
+        return events
+
+    events = asyncio.run(main())
+    assert [t for ev in events for t in ev.token_ids] == want.token_ids
+    assert [ev.finish_reason for ev in events][-1] == "length"
+    assert all(ev.finish_reason is None for ev in events[:-1])
+    assert len(events) < len(want.token_ids)        # some events carried several tokens
+    llm.engine.check_integrity()
