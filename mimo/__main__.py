@@ -48,6 +48,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--length-buckets", default=None,
                    help="comma-separated prompt-length cut points, e.g. 4096,16384: one "
                         "prefill batch holds one bucket only (default: none)")
+    g.add_argument("--speculative", default=None, choices=["ngram", "mtp"],
+                   help="speculative decoding: ngram (prompt lookup, any model) or mtp (the "
+                        "model's MTP layers); default off")
+    g.add_argument("--num-draft-tokens", type=int, default=4,
+                   help="draft tokens verified per decoding request and step")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu")
 
@@ -67,7 +72,9 @@ def engine_opts(a: argparse.Namespace) -> dict:
                 prefix_cache=a.prefix_cache, retention=a.retention,
                 max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
                 num_threads=a.threads, device=a.device, policy=a.policy,
-                aging_per_second=a.aging_per_second, admission=a.admission, length_buckets=_buckets(a.length_buckets))
+                aging_per_second=a.aging_per_second, admission=a.admission,
+                length_buckets=_buckets(a.length_buckets),
+                speculative=a.speculative, num_draft_tokens=a.num_draft_tokens)
 
 
 def _generate(a: argparse.Namespace) -> int:

@@ -290,6 +290,36 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding. `speculative`: None (off), 'ngram' (prompt lookup: any model) or
+    'mtp' (the model's multi-token-prediction layers; refused for a model without them).
+    Each decoding request gets up to `num_draft_tokens` drafts per step, verified by the
+    target in the same forward. The n-gram drafter matches the last n tokens, n from
+    `ngram_max` down to `ngram_min`, against the request's earlier tokens."""
+    speculative: str | None = None
+    num_draft_tokens: int = 4
+    ngram_max: int = 4
+    ngram_min: int = 1
+
+    def __post_init__(self):
+        if self.speculative not in (None, "ngram", "mtp"):
+            raise ConfigError(f"speculative must be ngram or mtp, not {self.speculative!r}")
+        if isinstance(self.num_draft_tokens, bool) or not isinstance(self.num_draft_tokens, int) \
+                or not 1 <= self.num_draft_tokens <= 64:
+            raise ConfigError("num_draft_tokens must be an integer in [1, 64]")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ConfigError("need 1 <= ngram_min <= ngram_max")
+
+    @property
+    def enabled(self) -> bool:
+        return self.speculative is not None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SpecConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     model: str = "gemma-3-270m"
     max_model_len: int | None = None
@@ -297,6 +327,7 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    spec: SpecConfig = field(default_factory=SpecConfig)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, Iterable
 
-from .config import CacheConfig, ConfigError, EngineConfig, RuntimeConfig, SchedulerConfig, parse_size
+from .config import (CacheConfig, ConfigError, EngineConfig, RuntimeConfig, SchedulerConfig,
+                     SpecConfig, parse_size)
 from .engine.engine import LLMEngine, RequestError
 from .engine.sampling_params import SamplingParams
 
@@ -23,11 +24,14 @@ class GenerationOutput:
     text: str
     cached_tokens: int
     finish_reason: str | None
+    # Speculative decoding only (else None): SpecStats.as_dict() of this request, e.g.
+    # mean_acceptance_length (tokens per verify step) and position_rate (per draft position).
+    spec_stats: dict | None = None
 
 
 def engine_config(model: str, **opts: Any) -> EngineConfig:
     """Flat keyword options -> the layered EngineConfig; unknown names are rejected."""
-    groups = {CacheConfig: {}, SchedulerConfig: {}, RuntimeConfig: {}}
+    groups = {CacheConfig: {}, SchedulerConfig: {}, RuntimeConfig: {}, SpecConfig: {}}
     top = {}
     for k, v in opts.items():
         for cls, bucket in groups.items():
@@ -41,7 +45,8 @@ def engine_config(model: str, **opts: Any) -> EngineConfig:
                 raise ConfigError(f"unknown option {k!r}")
     return EngineConfig(model=model, cache=CacheConfig(**groups[CacheConfig]),
                         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
-                        runtime=RuntimeConfig(**groups[RuntimeConfig]), **top)
+                        runtime=RuntimeConfig(**groups[RuntimeConfig]),
+                        spec=SpecConfig(**groups[SpecConfig]), **top)
 
 
 class LLM:
@@ -90,5 +95,6 @@ class LLM:
         return [GenerationOutput(text, ids, list(s.output_ids),
                                  self.tokenizer.decode(s.output_ids) if self.tokenizer else "",
                                  s.cached_tokens,
-                                 s.finish_reason)
+                                 s.finish_reason,
+                                 s.spec_stats.as_dict() if s.spec_stats is not None else None)
                 for (text, ids), s in zip(parsed, seqs)]

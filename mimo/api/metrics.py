@@ -1,4 +1,13 @@
-"""Prometheus metrics of one server (own registry, so tests can run several servers)."""
+"""Prometheus metrics of one server (own registry, so tests can run several servers).
+
+Speculative decoding (present whatever the flag; zero while it is off):
+  mimo_spec_verify_steps_total            verify steps (one per decoding request and step)
+  mimo_spec_emitted_tokens_total          tokens those steps emitted (accepted drafts + 1 each)
+  mimo_spec_draft_tokens_total{position}  draft tokens proposed at draft position 0, 1, ...
+  mimo_spec_accepted_tokens_total{position}  of those, accepted by the target
+  mimo_spec_mean_acceptance_length        emitted / verify steps since start (1.0 = no gain)
+The acceptance rate at position i is accepted{position="i"} / draft{position="i"}.
+"""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -20,6 +29,16 @@ class Metrics:
         self.running = Gauge("mimo_running_requests", "Requests running in the engine", registry=r)
         self.pool = Gauge("mimo_kv_pool_pages", "KV pool pages by state", ["pool", "state"], registry=r)
         self.steps = Gauge("mimo_engine_steps", "Engine iterations run so far", registry=r)
+        self.spec_steps = Counter("mimo_spec_verify_steps", "Speculative verify steps", registry=r)
+        self.spec_emitted = Counter("mimo_spec_emitted_tokens",
+                                    "Tokens emitted by speculative verify steps", registry=r)
+        self.spec_drafted = Counter("mimo_spec_draft_tokens", "Draft tokens proposed, by position",
+                                    ["position"], registry=r)
+        self.spec_accepted = Counter("mimo_spec_accepted_tokens",
+                                     "Draft tokens accepted, by position", ["position"], registry=r)
+        self.spec_mal = Gauge("mimo_spec_mean_acceptance_length",
+                              "Tokens per speculative verify step since start", registry=r)
+        self._spec_seen = None      # engine totals at the last observation (counters take deltas)
         self.queue_wait = Histogram("mimo_queue_wait_seconds", "Time from arrival to admission",
                                     buckets=_LAT, registry=r)
         self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",
@@ -40,6 +59,24 @@ class Metrics:
         for name, st in engine.pool.stats().items():
             for state in ("capacity", "free", "evictable", "in_use"):
                 self.pool.labels(name, state).set(st[state])
+        spec = getattr(engine, "spec", None)
+        if spec is not None:
+            self._observe_spec(spec.totals)
+
+    def _observe_spec(self, t) -> None:
+        """Counters advance by what the engine's running totals gained since last time (a
+        racy read from another thread: off by at most the step in flight, caught up later)."""
+        seen = self._spec_seen or (0, 0, [], [])
+        drafted, accepted = list(t.drafted), list(t.accepted)
+        self.spec_steps.inc(max(0, t.steps - seen[0]))
+        self.spec_emitted.inc(max(0, t.emitted - seen[1]))
+        for i in range(min(len(drafted), len(accepted))):
+            old_d = seen[2][i] if i < len(seen[2]) else 0
+            old_a = seen[3][i] if i < len(seen[3]) else 0
+            self.spec_drafted.labels(str(i)).inc(max(0, drafted[i] - old_d))
+            self.spec_accepted.labels(str(i)).inc(max(0, accepted[i] - old_a))
+        self._spec_seen = (t.steps, t.emitted, drafted, accepted)
+        self.spec_mal.set(t.mean_acceptance_length)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -125,11 +125,16 @@ class AsyncEngine:
                 continue
             self.steps += 1
             self.last_step_seconds = time.perf_counter() - t0
+            # One event per request and step: with speculative decoding a step may give a
+            # request several tokens, and the finish reason belongs after the last of them.
+            per_seq: dict[int, tuple[Sequence, list[int]]] = {}
             for seq, tok in out:
+                per_seq.setdefault(seq.id, (seq, []))[1].append(tok)
+            for seq, toks in per_seq.values():
                 stream = self._streams.get(seq.id)
                 if stream is None:
                     continue
-                self._emit(stream, StreamEvent([tok], seq.finish_reason))
+                self._emit(stream, StreamEvent(toks, seq.finish_reason))
                 if seq.finish_reason is not None:
                     del self._streams[seq.id]
 

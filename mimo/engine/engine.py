@@ -52,7 +52,13 @@ class LLMEngine:
         if cc.prefix_cache:
             from ..kvcache.prefix_cache import PrefixCache
             self.cache = PrefixCache(self.pool, cc.retention)
-        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache)
+        self.spec = None
+        if config.spec.enabled:
+            from ..spec import make_drafter
+            from ..spec.decoder import SpecDecoder
+            self.spec = SpecDecoder(make_drafter(config.spec, mc), config.spec.num_draft_tokens)
+        self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
+                                   num_draft=self.spec.k if self.spec else 0)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
         self._ids = itertools.count()
@@ -108,33 +114,54 @@ class LLMEngine:
         if seq.status is not Status.FINISHED:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
+            if self.spec:
+                self.spec.finished(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, int]]:
-        """Schedule, run the model once, sample. Returns (sequence, new token) pairs."""
-        chunks = self.scheduler.schedule()
+        """Schedule, run the model once, sample. Returns (sequence, new token) pairs, in
+        order; with speculative decoding a sequence may get several tokens in one step."""
+        spec = self.spec
+        chunks = self.scheduler.schedule(spec.propose(self.scheduler.running) if spec else None)
         if not chunks:
             return []
         sampled = [c for c in chunks if c.sample]
         try:
-            hidden = self.runner.execute(chunks)
-            tokens = sample(self.model.lm_head, hidden, [c.seq.params for c in sampled],
-                            [c.seq.generator for c in sampled])
+            if spec:
+                tokens = spec.execute(self.runner, self.model.lm_head, chunks)
+            else:
+                hidden = self.runner.execute(chunks)
+                tokens = [[t] for t in sample(self.model.lm_head, hidden,
+                                              [c.seq.params for c in sampled],
+                                              [c.seq.generator for c in sampled])]
         except Exception:
             # A failed forward or sampling leaves nothing allocated for the requests it
             # carried, and they are finished, so the next step does not repeat the failure.
             for c in chunks:
                 c.seq.finish_reason = "error"
                 self.scheduler.finish(c.seq)
+                if spec:
+                    spec.finished(c.seq)
             raise
         out = []
-        for c, t in zip(sampled, tokens):
-            c.seq.append(t)
-            out.append((c.seq, t))
+        for c, toks in zip(sampled, tokens):
+            emitted = []
+            for t in toks:              # never past a stop: the rest of an accepted draft is dropped
+                c.seq.append(t)
+                emitted.append(t)
+                out.append((c.seq, t))
+                if c.seq.finish_reason is not None:
+                    break
+            if spec:
+                spec.settle(c, emitted)
         self.scheduler.commit(chunks)
+        if spec:
+            for c in chunks:
+                if c.seq.finish_reason is not None:
+                    spec.finished(c.seq)
         return out
 
     def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None,

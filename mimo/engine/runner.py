@@ -35,7 +35,8 @@ class ModelRunner:
 
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
-        order (with `all_logits`, for every scheduled token instead: scoring and tests)."""
+        order: one row each, or 1 + len(draft) rows for a verify chunk (with `all_logits`,
+        for every scheduled token instead: scoring and tests)."""
         *args, kw = self.prepare(chunks, all_logits)
         return self.model(*args, **kw)
 
@@ -51,7 +52,8 @@ class ModelRunner:
         pos3, mm_rows, mm_embs = [], [], []
         row = 0
         for c in chunks:
-            toks = c.seq.all_ids[c.start:c.start + c.n]
+            # A verify chunk: the last known token, then the draft (not part of the sequence).
+            toks = c.seq.all_ids[c.start:c.start + c.n - len(c.draft)] + c.draft
             ids.extend(toks)
             pos.extend(range(c.start, c.start + c.n))
             if mm:
@@ -63,10 +65,15 @@ class ModelRunner:
                     if r.numel():
                         mm_rows.append(r + row)
                         mm_embs.append(e)
-            spans.append((row, c.start, c.n, c.seq.kv))
+            if c.draft:
+                # Verify rows attend exactly as decode rows would (batched with the other
+                # decodes, same kernel), so accepted tokens match plain decoding.
+                spans.extend((row + i, c.start + i, 1, c.seq.kv) for i in range(c.n))
+            else:
+                spans.append((row, c.start, c.n, c.seq.kv))
             row += c.n
             if c.sample:
-                rows.append(row - 1)
+                rows.extend(range(row - 1 - len(c.draft), row))
         dev = self.device
         batches = {"full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype)}
         if self.has_swa:

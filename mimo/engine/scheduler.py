@@ -14,11 +14,19 @@ prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the 
 released at the end of its step). So decode tokens can always grow, at least one prefill
 chunk fits every step, nothing deadlocks and no request dies mid-generation; a request that
 does not fit waits until running ones finish and free their pages.
+
+Speculative decoding (`num_draft` > 0): a decoding request's chunk is its last token plus up
+to `num_draft` draft tokens, all verified in the step. Drafts are cut so that every token a
+step can emit fits in max_tokens, hence the full reservation is unchanged; the steady SWA
+reservation grows to window + num_draft (a verify chunk holds the window behind its last
+token plus the drafts). After verification `commit` keeps the accepted positions' KV and
+frees the pages past them; SWA release only follows the accepted length, so a rollback never
+needs SWA KV that was already released.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
@@ -33,6 +41,8 @@ class ScheduledChunk:
     start: int          # first position computed this step
     n: int              # tokens computed this step
     sample: bool        # this chunk ends at the last known token: sample the next one
+    draft: list[int] = field(default_factory=list)  # speculative tokens after it (its last rows)
+    kept: int | None = None   # set after verification: leading positions whose KV stays (n if None)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -40,8 +50,9 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0):
         self.cfg = cfg
+        self.num_draft = num_draft
         self.pool = pool
         self.cache = cache          # PrefixCache or None
         opts = {}
@@ -74,7 +85,9 @@ class Scheduler:
             full = _cdiv(seq.max_len, P)
         else:
             full = _cdiv(min(seq.prefill_end + 1, seq.max_len), P)
-        swa = swa_steady_pages(self.pool.window, P, seq.max_len) if self.pool.hybrid else 0
+        # A verify chunk holds the window behind its last token plus the drafts.
+        swa = (swa_steady_pages(self.pool.window + self.num_draft, P, seq.max_len)
+               if self.pool.hybrid else 0)
         if kv is not None and self.pool.hybrid:
             swa += len(kv.keep_swa)
         return full, swa
@@ -108,15 +121,24 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> list[ScheduledChunk]:
+    def schedule(self, drafts: dict | None = None) -> list[ScheduledChunk]:
+        """`drafts`: {sequence in decode: draft tokens} (speculative decoding), or None."""
         budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
         if self.cfg.admission == "optimistic":
             self._preempt_for_decode()
+        # Every decode gets its own token before any draft: drafts share what is left.
+        spare = budget - sum(not s.in_prefill for s in self.running)
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
-                out.append(self._chunk(seq, 1))
-                budget -= 1
+                d = drafts.get(seq, []) if drafts else []
+                # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
+                d = d[:max(0, min(self.num_draft, spare, seq.max_len - seq.num_tokens - 1))]
+                while d and not self._room(seq, 1 + len(d)):
+                    d = d[:-1]
+                spare -= len(d)
+                out.append(self._chunk(seq, 1 + len(d), d))
+                budget -= 1 + len(d)
         for seq in self.running:
             if seq.in_prefill and budget > 0:
                 n = self._fit(seq, min(seq.prefill_end - seq.num_computed, budget))
@@ -178,11 +200,21 @@ class Scheduler:
         limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
         return max(0, min(n, limit))
 
-    def _chunk(self, seq: Sequence, n: int) -> ScheduledChunk:
+    def _room(self, seq: Sequence, n: int) -> bool:
+        """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages."""
+        f, w = self.pool.pages_to_grow(seq.kv, seq.num_computed + n)
+        fa, sa = self.pool.full.allocator, self.pool.swa.allocator
+        ev = self.cache is not None
+        return (f <= fa.num_free + (fa.num_evictable if ev else 0)
+                and w <= sa.num_free + (sa.num_evictable if ev else 0))
+
+    def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         start = seq.num_computed
         if self.cache is not None:
             self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
         self.pool.grow(seq.kv, start + n)
+        if draft:
+            return ScheduledChunk(seq, start, n, True, draft)
         return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
 
     # ---- preemption (optimistic admission) -----------------------------------------------
@@ -218,7 +250,9 @@ class Scheduler:
         """Advance computed counts, release out-of-window SWA, retire finished requests."""
         for c in chunks:
             seq = c.seq
-            seq.num_computed = c.start + c.n
+            seq.num_computed = c.start + (c.n if c.kept is None else c.kept)
+            if c.kept is not None and c.kept < c.n:     # rejected drafts: roll their KV back
+                self.pool.truncate(seq.kv, seq.num_computed)
             # Share prompt KV as it is made (a concurrent request with the same prefix
             # reuses it); before window release, which may free pages the tree would keep.
             if (self._cached(seq) and seq.finish_reason is None

@@ -62,6 +62,7 @@ class Sequence:
     # Multimodal prompts (an engine.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
     # None for text, which then runs exactly as before.
     mm: object | None = None
+    spec_stats: object = None      # mimo.spec.SpecStats once speculative decoding ran for it
 
     @property
     def all_ids(self) -> list[int]:

@@ -4,11 +4,11 @@ from __future__ import annotations
 import torch
 
 
-def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-               generator: torch.Generator | None) -> int:
-    """logits: [V] float32. temperature 0 is greedy (argmax, first index on ties)."""
-    if temperature == 0:
-        return int(torch.argmax(logits))
+def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
+                   ) -> torch.Tensor:
+    """The distribution a request samples from: softmax of logits [V] (float32) after
+    temperature, top-k and top-p. temperature must be > 0. Speculative decoding's rejection
+    sampling uses the same function, so its target distribution is exactly this one."""
     x = logits / temperature
     if top_k and top_k > 0 and top_k < x.numel():
         kth = torch.topk(x, top_k).values[-1]
@@ -20,7 +20,15 @@ def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: in
         drop = probs.cumsum(-1) - probs >= top_p
         sorted_x = sorted_x.masked_fill(drop, float("-inf"))
         x = torch.full_like(x, float("-inf")).scatter(0, idx, sorted_x)
-    probs = torch.softmax(x, dim=-1)
+    return torch.softmax(x, dim=-1)
+
+
+def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+               generator: torch.Generator | None) -> int:
+    """logits: [V] float32. temperature 0 is greedy (argmax, first index on ties)."""
+    if temperature == 0:
+        return int(torch.argmax(logits))
+    probs = filtered_probs(logits, temperature, top_p, top_k)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -131,6 +131,26 @@ class DualPool:
         self.swa.allocator.free(freed)
         return len(freed)
 
+    def truncate(self, seq: SeqKV, new_len: int) -> int:
+        """Roll back: free the pages wholly past position `new_len` in both pools (rejected
+        draft tokens' KV). Such pages are never the prefix cache's (it only takes computed
+        tokens) and never released (release trails the computed length). Returns pages freed."""
+        keep = _cdiv(new_len, self.page_size)
+        extra = seq.full_pages[keep:]
+        if not extra:
+            return 0
+        assert not any(self.is_shared_full(p) for p in extra), "truncating cached KV"
+        if self.hybrid:
+            swa = seq.swa_pages[keep:]
+            assert None not in swa and keep >= seq.swa_released, "truncating released SWA"
+            for p in extra:
+                self._unmap(p)
+            self.swa.allocator.free(swa)
+            del seq.swa_pages[keep:]
+        self.full.allocator.free(extra)
+        del seq.full_pages[keep:]
+        return len(extra)
+
     def free_seq(self, seq: SeqKV) -> None:
         """Return every page the sequence holds (not the prefix cache's). A sequence is
         freed exactly once."""
