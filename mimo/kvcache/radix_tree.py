@@ -260,8 +260,12 @@ class RadixTree(TreeCore, EvictMixin):
                 parent = self._split(last, k) if k < len(last.full) else last
                 if parent is last and not last.children and self.hybrid:
                     # A conversation continued past its cached end: later turns will match
-                    # the new end; the old window is only a fallback for forks now.
-                    last.swa_time = now - SPECULATIVE
+                    # the new end; the old window is only a fallback for forks now. Unless
+                    # that end is this sequence's own prompt end (a running request that
+                    # inserted its prompt now adds its output): then it is firm.
+                    own_prompt = (self.policy.prompt and prompt_len is not None
+                                  and last.end in self.policy.prompt_points(prompt_len, P))
+                    last.swa_time = now if own_prompt else now - SPECULATIVE
                     self._push_swa(last)
             bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
             lo = mq

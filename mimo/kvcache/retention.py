@@ -90,9 +90,7 @@ class RetentionPolicy:
         end = self.cache_len(total_len, page, prompt_len)
         pts = {end}
         if self.prompt and prompt_len:
-            # prompt_len - 1: an identical prompt can reuse all but its last token.
-            for p in (prompt_len - 1, prompt_len):
-                pts.add(min(p // a * a, end))
+            pts.update(min(p, end) for p in self.prompt_points(prompt_len, page))
         if self.branch and 0 < branch_len < end:
             pts.add(branch_len // page * page)
         if self.dense_every > 0 and not firm_only:
@@ -100,6 +98,12 @@ class RetentionPolicy:
             upto = end if self.dense_upto is None else min(self.dense_upto, end)
             pts.update(range(step, upto + 1, step))
         return sorted(p for p in pts if p > 0)
+
+    def prompt_points(self, prompt_len: int, page: int) -> set[int]:
+        """The prompt-end checkpoints: prompt_len - 1 (an identical prompt reuses all but its
+        last token) and prompt_len, aligned down."""
+        a = self._align(page)
+        return {p // a * a for p in (prompt_len - 1, prompt_len)}
 
     def keep_pages(self, checkpoints, window: int, page: int) -> set[int]:
         """Logical pages whose SWA KV the checkpoints need."""

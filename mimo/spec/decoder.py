@@ -40,7 +40,7 @@ class SpecDecoder:
         for c in chunks:
             m = 1 + len(c.draft)
             if needs:
-                if c.start < len(c.seq.prompt_ids):
+                if c.start < c.seq.prefill_end:
                     self.drafter.on_prefill(c.seq, c.start, c.n, hidden[row:row + c.n])
                 row += c.n
                 if c.sample:
@@ -81,7 +81,7 @@ class SpecDecoder:
     def settle(self, chunk, emitted: list[int]) -> None:
         """`emitted`: the tokens actually appended for `chunk` (cut at a stop)."""
         seq = chunk.seq
-        if chunk.start < len(seq.prompt_ids):
+        if chunk.start < seq.prefill_end:
             return                      # the prompt's last chunk: nothing was drafted
         r, accepted = self._rows.pop(id(chunk))
         # Position start holds the last known token; start + i the i-th accepted draft.

@@ -198,3 +198,21 @@ def test_default_model_copies_its_prompt_losslessly(gemma_loaded, gemma_fp32):
     assert "def dumps(obj" in got.text            # it really copies the code
     assert got.spec_stats["mean_acceptance_length"] > 2.5
     on.engine.check_integrity()
+
+
+def test_speculation_with_prefix_cache_hits_is_lossless(tiny_loaded):
+    """The same prompts twice, batched: the second round is served from the prefix cache
+    (cached_tokens > 0) and speculation still gives exactly the tokens of plain decoding."""
+    prompts = repetitive_prompts(6, seed=5)
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    off = LLM("tiny", loaded=tiny_loaded, prefix_cache=False, **TINY)
+    want = off.generate([{"prompt_token_ids": p} for p in prompts], params)
+    # An SWA pool roomy enough that no retained window is evicted between the rounds.
+    on = LLM("tiny", loaded=tiny_loaded, speculative="ngram", num_draft_tokens=4,
+             swa_share=0.3, **TINY)
+    for round_ in range(2):
+        got = on.generate([{"prompt_token_ids": p} for p in prompts], params)
+        on.engine.check_integrity()
+        assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert all(g.cached_tokens > 0 for g in got if len(g.prompt_token_ids) > 8)
+    assert on.engine.spec.totals.emitted > on.engine.spec.totals.steps   # drafts were accepted

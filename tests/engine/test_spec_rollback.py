@@ -35,7 +35,8 @@ def test_truncate_frees_pages_past_the_length_in_both_pools():
 def test_many_accept_reject_cycles_keep_the_pools_exact():
     loaded = loaded_from_hf(tiny_gemma3_hf())
     llm = LLM("tiny", progress=False, loaded=loaded, dtype="float32", kv_cache_memory="4MiB",
-              page_size=8, max_num_batched_tokens=32, speculative="ngram", num_draft_tokens=5)
+              page_size=8, max_num_batched_tokens=32, speculative="ngram", num_draft_tokens=5,
+              prefix_cache=False)   # page tables alone must explain the map (no shared pages)
     eng, pool = llm.engine, llm.engine.pool
     P, W = pool.page_size, pool.window
     assert W == 8 and pool.hybrid
