@@ -17,6 +17,7 @@ COMMANDS = [
     ".kv_capacity",      # kv-capacity: requests per KV budget, hybrid vs full-kv
     ".generate",         # generate: decode tokens/s, mimo vs transformers vs llama.cpp
     ".cache_sim",        # cache-sim: prefix-cache hit rate of a trace, per policy and budget
+    ".video_decode",     # video-decode: chunked parallel video decoding, time per worker count
 ]
 
 
