@@ -98,40 +98,63 @@ def probe(data: bytes, stream: int | None = None) -> VideoInfo:
         return VideoInfo(s.index, s.width, s.height, fps, _frame_count(c, s, fps), streams)
 
 
+def _read(c, s, wanted: list[int], seek: bool, rate: Fraction):
+    """One forward pass; returns (frames, next wanted position, last index seen), or None
+    when the seek overshot the first wanted frame (that frame is then behind us)."""
+    tb = s.time_base or Fraction(1, 1)
+    start = s.start_time or 0
+    if seek:
+        # Lands on the keyframe at or before the target; decode forward from it.
+        c.seek(int(start + Fraction(wanted[0]) / rate / tb), stream=s, backward=True)
+    out: list[np.ndarray | None] = [None] * len(wanted)
+    k, last = 0, -1
+    for frame in c.decode(s):
+        # Frame index from its timestamp (after a seek there is no counter to trust).
+        idx = last + 1 if frame.pts is None else round((frame.pts - start) * tb * rate)
+        if last == -1 and seek and idx > wanted[0]:
+            return None
+        last = idx
+        # The first frame at or after each wanted index stands for it, so a timestamp
+        # that skips an index (variable frame rate) loses nothing.
+        arr = None
+        while k < len(wanted) and idx >= wanted[k]:
+            arr = frame.to_ndarray(format="rgb24") if arr is None else arr
+            out[k] = arr
+            k += 1
+        if k == len(wanted):
+            break
+    return out, k, last
+
+
 def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int = 1
                  ) -> np.ndarray:
     """Decode the frames at sorted source indices `wanted` with a reader of its own.
     Blocking; safe to run in several threads at once (one container each)."""
-    out: list[np.ndarray | None] = [None] * len(wanted)
+    rate = Fraction(info.fps).limit_denominator(1_000_000)
     with _open(data) as c:
         s = c.streams[info.stream_index]
         s.thread_type = "AUTO" if threads > 1 else "SLICE"
         s.codec_context.thread_count = threads
-        tb = s.time_base or Fraction(1, 1)
-        start = s.start_time or 0
-        rate = Fraction(info.fps).limit_denominator(1_000_000)
-        if wanted[0] > 0:
-            # Seek lands on the keyframe at or before the target; decode forward from it.
-            c.seek(int(start + Fraction(wanted[0]) / rate / tb), stream=s, backward=True)
-        k, last = 0, -1
         try:
-            for frame in c.decode(s):
-                # Frame index from its timestamp (a seek leaves no frame counter to trust).
-                idx = last + 1 if frame.pts is None else round((frame.pts - start) * tb * rate)
-                last = idx
-                # The first frame at or after each wanted index stands for it, so a
-                # timestamp that skips an index (variable frame rate) loses nothing.
-                while k < len(wanted) and idx >= wanted[k]:
-                    out[k] = frame.to_ndarray(format="rgb24") if out[k] is None else out[k]
-                    k += 1
-                if k == len(wanted):
-                    break
+            got = _read(c, s, wanted, wanted[0] > 0, rate)
+            if got is None:   # an inexact seek: read from the start instead
+                c.seek(0, stream=s, backward=True)
+                got = _read(c, s, wanted, False, rate)
         except av.error.FFmpegError as e:
-            raise MediaDecodeError(f"corrupt video data near frame {last + 1} ({e})") from None
+            raise MediaDecodeError(f"corrupt video data ({e})") from None
+    out, k, last = got
     if k < len(wanted):
-        raise MediaDecodeError(f"video ended at frame {last} but frame {wanted[k]} was "
-                               f"expected (of {info.total_frames}): truncated or corrupt")
-    # Identical frames (a wanted index repeated) share one array: copy on stack anyway.
+        # Headers may count a frame or two more than the stream holds; within half a
+        # second of the declared end the last frame stands in. Anything shorter is a
+        # truncated file, and inventing frames for it would hide that.
+        tolerance = max(1, round(info.fps / 2))
+        if last < 0 or last < info.total_frames - 1 - tolerance:
+            raise MediaDecodeError(f"video ended at frame {last} but frame {wanted[k]} was "
+                                   f"expected (of {info.total_frames}): truncated or corrupt")
+        for j in range(k, len(wanted)):
+            out[j] = out[k - 1] if k > 0 else None
+        if out[-1] is None:
+            raise MediaDecodeError("video has no decodable frame in the requested range")
     return np.stack(out)
 
 

@@ -94,3 +94,20 @@ def test_garbage_and_limits():
     data = media_path("nasa_13013.mp4").read_bytes()
     with pytest.raises(MediaTooLarge, match="26 frames of 480x270"):
         decode(data, max_decoded_bytes=1_000_000)
+
+
+def test_frame_count_overstated_by_header(tmp_path):
+    """A header that counts a frame more than the stream holds is tolerated (last frame
+    repeated); one that promises far more frames is a truncated file."""
+    import dataclasses
+    from mimo.media.video import decode_chunk
+    data = write_video(tmp_path / "v.mp4", frames=30, gop=10).read_bytes()
+    info = probe(data)
+    assert info.total_frames == 30
+    real = decode_chunk(data, info, [20, 29])
+    off_by_one = dataclasses.replace(info, total_frames=31)
+    got = decode_chunk(data, off_by_one, [20, 29, 30])
+    np.testing.assert_array_equal(got[:2], real)
+    np.testing.assert_array_equal(got[2], real[1])
+    with pytest.raises(MediaDecodeError, match="truncated"):
+        decode_chunk(data, dataclasses.replace(info, total_frames=90), [20, 60, 89])
