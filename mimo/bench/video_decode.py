@@ -86,6 +86,12 @@ def _video_path(args) -> Path:
     return path
 
 
+def _cpu_s() -> float:
+    import resource
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
+
+
 def run(args) -> int:
     from ..media.video import VideoDecoder, probe
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
@@ -98,22 +104,31 @@ def run(args) -> int:
                                 max_frames=args.max_frames, max_decoded_bytes=2**40)
                 for w in counts}
     times: dict[int, list[float]] = {w: [] for w in counts}
+    cpu: dict[int, list[float]] = {w: [] for w in counts}
     frames = None
     try:
         for r in range(args.rounds):
             for w in counts:
-                t0 = time.perf_counter()
+                c0, t0 = _cpu_s(), time.perf_counter()
                 v = decoders[w].decode_sync(data)
                 times[w].append(time.perf_counter() - t0)
+                cpu[w].append(_cpu_s() - c0)
                 frames = v.frames.shape
-                _log(f"round {r + 1}/{args.rounds}: {w} worker(s) {times[w][-1]:.2f} s")
+                _log(f"round {r + 1}/{args.rounds}: {w} worker(s) {times[w][-1]:.2f} s, "
+                     f"{cpu[w][-1] / times[w][-1]:.2f} cores busy")
     finally:
         for d in decoders.values():
             d.close()
     med = {w: statistics.median(ts) for w, ts in times.items()}
+    # CPU seconds per wall second: ~w when the readers really run in parallel. On a shared
+    # machine the kernel splits CPU between sessions (autogroup), so when other sessions
+    # are busy this stays near the same value for every w and the speedup collapses: the
+    # number that tells a busy machine from code that does not scale.
+    busy = {w: sum(cpu[w]) / sum(times[w]) for w in counts}
     base = counts[0]
     for w in counts:
-        print(f"{w} worker(s): {med[w]:.2f} s median  speedup {med[base] / med[w]:.2f}x")
+        print(f"{w} worker(s): {med[w]:.2f} s median  speedup {med[base] / med[w]:.2f}x  "
+              f"{busy[w]:.2f} cores busy")
     print(json.dumps({
         "bench": NAME, "video": str(path), "bytes": len(data),
         "source": {"width": info.width, "height": info.height, "fps": round(info.fps, 3),
@@ -124,5 +139,6 @@ def run(args) -> int:
         "seconds": {str(w): [round(t, 3) for t in times[w]] for w in counts},
         "median_s": {str(w): round(med[w], 3) for w in counts},
         "speedup": {str(w): round(med[base] / med[w], 3) for w in counts},
+        "cores_busy": {str(w): round(busy[w], 2) for w in counts},
     }))
     return 0
