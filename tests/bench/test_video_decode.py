@@ -13,7 +13,8 @@ def test_cli_prints_one_json_line_last(tmp_path, capsys):
     res = json.loads(out[-1])
     assert res["source"] == {"width": 160, "height": 96, "fps": 30.0, "frames": 60}
     assert res["sampled_frames"] == 4                   # 2 s x 2 fps
-    assert set(res["median_s"]) == set(res["speedup"]) == {"1", "2"}
+    assert set(res["median_s"]) == set(res["speedup"]) == set(res["control_speedup"]) == {"1", "2"}
+    assert set(res["cores_busy"]) == {"1", "2"}
     assert res["speedup"]["1"] == 1.0
     # Generated once, then reused from the cache directory.
     assert len(list(tmp_path.glob("*.mp4"))) == 1
