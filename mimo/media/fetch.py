@@ -33,14 +33,17 @@ async def fetch(url: str, cfg: MediaConfig, *, resolver: Resolver = system_resol
         return await asyncio.to_thread(read_local, url, cfg)
     scheme = urlsplit(url).scheme.lower()
     if scheme == "data":
+        if len(url) > 2**20:   # decoding megabytes takes milliseconds: not on the loop
+            return await asyncio.to_thread(decode_data_url, url, cfg.max_bytes)
         return decode_data_url(url, cfg.max_bytes)
     if scheme == "file":
         return await asyncio.to_thread(read_local, _file_url_path(url), cfg)
     if scheme in _DEFAULT_PORTS:
         try:
-            async with asyncio.timeout(cfg.timeout_s):
-                return await _fetch_http(url, cfg, resolver, transport)
-        except TimeoutError:
+            # wait_for, not asyncio.timeout: the project supports Python 3.10.
+            return await asyncio.wait_for(_fetch_http(url, cfg, resolver, transport),
+                                          cfg.timeout_s)
+        except asyncio.TimeoutError:
             raise MediaFetchError(f"fetching {_short(url)} took longer than "
                                   f"{cfg.timeout_s:g}s") from None
     raise MediaForbidden(f"unsupported URL scheme {scheme or '(none)'!r}: use http, https, "
