@@ -8,9 +8,10 @@ never an attached picture (cover art).
 
 Parallelism (MiMo-V2.5 report, section 6.2): the sampled indices are split into N
 contiguous chunks; each chunk gets its own reader (container + codec) that seeks to the
-keyframe before its first index and decodes forward. FFmpeg releases the GIL while
-decoding and converting, so threads run the chunks in parallel; by default each reader
-decodes with one codec thread so that N readers use N cores.
+keyframe before its first index and decodes forward. PyAV calls avcodec_send_packet /
+avcodec_receive_frame and sws_scale inside `with nogil` (so does decord: its FFI is a
+ctypes.CDLL, which drops the GIL per call), so threads run the chunks in parallel; by
+default each reader decodes with one codec thread so that N readers use N cores.
 """
 from __future__ import annotations
 
@@ -193,6 +194,10 @@ class VideoDecoder:
     def plan(self, info: VideoInfo, *, fps: float | None = None,
              max_frames: int | None = None, nframes: int | None = None) -> list[int]:
         """The source frame indices to decode (qwen-vl-utils rules, see sampling.py)."""
+        if nframes is not None and nframes > self.max_frames:
+            # A fixed count bypasses the fps rule's clamp; the server's bound still holds.
+            raise MediaTooLarge(f"{nframes} frames requested, over the limit of "
+                                f"{self.max_frames}")
         n = smart_nframes(info.total_frames, info.fps, fps=fps or self.fps,
                           min_frames=self.min_frames,
                           max_frames=min(max_frames or self.max_frames, self.max_frames),

@@ -94,6 +94,8 @@ def test_garbage_and_limits():
     data = media_path("nasa_13013.mp4").read_bytes()
     with pytest.raises(MediaTooLarge, match="26 frames of 480x270"):
         decode(data, max_decoded_bytes=1_000_000)
+    with pytest.raises(MediaTooLarge, match="1000 frames requested"):
+        decode(data, nframes=1000)
 
 
 def test_frame_count_overstated_by_header(tmp_path):
