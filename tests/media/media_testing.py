@@ -40,10 +40,25 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             pass   # the client hung up on purpose (size limit, timeout)
 
 
+def self_signed_cert(directory: Path, hostname: str) -> tuple[Path, Path]:
+    """(cert, key) for `hostname`, made with the openssl CLI (skips when absent)."""
+    import shutil
+    import subprocess
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not available to make a test certificate")
+    cert, key = directory / f"{hostname}.crt", directory / f"{hostname}.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", f"/CN={hostname}", "-addext", f"subjectAltName=DNS:{hostname}",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
 @contextlib.contextmanager
-def loopback_server(routes: dict):
-    """An HTTP server on 127.0.0.1 on a free port, serving `routes` {path: fn(handler)}.
-    Yields (base_url, seen) where seen lists (path, Host header) of every request."""
+def loopback_server(routes: dict, tls: tuple[Path, Path] | None = None):
+    """An HTTP server on 127.0.0.1 on a free port, serving `routes` {path: fn(handler)};
+    HTTPS when `tls` = (cert, key). Yields (base_url, seen) where seen lists (path, Host
+    header) of every request."""
     seen: list[tuple[str, str]] = []
 
     class H(_Handler):
@@ -54,10 +69,17 @@ def loopback_server(routes: dict):
     H.routes = routes
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
     srv.daemon_threads = True
+    scheme = "http"
+    if tls is not None:
+        import ssl
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(tls[0]), str(tls[1]))
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        scheme = "https"
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+        yield f"{scheme}://127.0.0.1:{srv.server_address[1]}", seen
     finally:
         srv.shutdown()
         srv.server_close()

@@ -11,7 +11,7 @@ import pytest
 from mimo.media.config import MediaConfig
 from mimo.media.errors import (MediaError, MediaFetchError, MediaForbidden, MediaTooLarge)
 from mimo.media.fetch import fetch
-from media_testing import loopback_server, send, stall
+from media_testing import loopback_server, self_signed_cert, send, stall
 
 BODY = bytes(range(256)) * 100   # 25.6 kB
 
@@ -64,6 +64,25 @@ def test_http_fetch_redirects_and_host_header():
         got = run(fetch(f"http://media.example:{port}/ok", loopback_cfg(), resolver=resolver))
         assert got == BODY
         assert seen[-1] == ("/ok", f"media.example:{port}")
+
+
+def test_https_to_vetted_address_verifies_the_name(tmp_path):
+    """We connect to the vetted IP, yet TLS still sends the name (SNI) and checks the
+    certificate against the name: HTTPS works, and a certificate for another name fails."""
+    import ssl
+    cert, key = self_signed_cert(tmp_path, "media.example")
+    trust = ssl.create_default_context(cafile=str(cert))
+
+    async def resolver(host, p):
+        return ["127.0.0.1"]
+    with loopback_server({"/ok": lambda h: send(h, body=BODY)}, tls=(cert, key)) as (base, seen):
+        port = base.rsplit(":", 1)[1]
+        got = run(fetch(f"https://media.example:{port}/ok", loopback_cfg(), resolver=resolver,
+                        transport=httpx.AsyncHTTPTransport(verify=trust)))
+        assert got == BODY and seen[-1] == ("/ok", f"media.example:{port}")
+        with pytest.raises(MediaFetchError, match="(?i)certificate|hostname"):
+            run(fetch(f"https://other.example:{port}/ok", loopback_cfg(), resolver=resolver,
+                      transport=httpx.AsyncHTTPTransport(verify=trust)))
 
 
 def test_http_limits():
