@@ -19,6 +19,7 @@ COMMANDS = [
     ".cache_sim",        # cache-sim: prefix-cache hit rate of a trace, per policy and budget
     ".serve",            # serve: TTFT per waiting-queue policy, a trace replayed on real servers
     ".encoder",          # encoder: vision encoder QPS / p90, cross-request batching off vs on
+    ".video_decode",     # video-decode: chunked parallel video decoding, time per worker count
 ]
 
 

@@ -1,6 +1,10 @@
 """The serving stages, one noun per file. Each follows the `mimo.pipeline` Stage contract."""
+from .decode_media import DecodeMedia
 from .detokenize import Detokenize, IncrementalDetokenizer
+from .fetch import Fetch
 from .generate import Generate
+from .preprocess import PreprocessedMedia, Preprocess
 from .tokenize import Tokenize
 
-__all__ = ["Tokenize", "Generate", "Detokenize", "IncrementalDetokenizer"]
+__all__ = ["Fetch", "DecodeMedia", "Preprocess", "PreprocessedMedia", "Tokenize", "Generate",
+           "Detokenize", "IncrementalDetokenizer"]
