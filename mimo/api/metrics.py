@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -26,6 +27,11 @@ class Metrics:
                                     "Longest time any request waited for admission", registry=r)
         self._max_wait = 0.0
 
+    def watch_encoder(self, encode, cache) -> None:
+        """Export the encode stage's forward count and the embedding cache's hits and
+        misses, read at scrape time (they are counted where they happen, off the loop)."""
+        self.registry.register(_EncoderCollector(encode, cache))
+
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
         if seconds > self._max_wait:
@@ -43,3 +49,16 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EncoderCollector:
+    def __init__(self, encode, cache):
+        self.encode, self.cache = encode, cache
+
+    def collect(self):
+        st = self.cache.stats
+        for name, doc, value in (
+                ("mimo_embed_cache_hits", "Media items whose embeddings came from the cache", st.hits),
+                ("mimo_embed_cache_misses", "Media items not in the embedding cache", st.misses),
+                ("mimo_encoder_forwards", "Vision-encoder forward passes run", self.encode.forwards)):
+            yield CounterMetricFamily(name, doc, value=value)

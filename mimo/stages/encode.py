@@ -10,8 +10,14 @@ everybody ahead of it one by one.
 
 Input: `req.data[source]` is a list of media items, each with `pixel_values` [patches,
 patch_dim] and `grid_thw` (t, h, w) in patches (a mapping or an object with those
-attributes), as the preprocess stage produces them. Output (`req.data["encode"]`): one
-embedding tensor per item, in order.
+attributes), or the preprocess stage's `PreprocessedMedia` (its `patches` hold them and its
+`key` is the embedding-cache key). Output (`req.data["encode"]`): one embedding tensor per
+item, in order.
+
+Embedding cache: with `cache` set, items whose key is cached skip the encoder; the misses
+of a batch are encoded once per distinct key (two requests sending the same picture at the
+same time share one encoding) and stored. `forwards` counts encoder calls, so a test or
+/metrics can see that a hit really skipped the encoder.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..media.embed_cache import EmbedCache
 from ..pipeline import BatchStage, InvalidRequest
 
 
@@ -31,10 +38,15 @@ def _items(req, source: str) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
     media = req.data.get(source) or []
     out = []
     for item in media:
-        px = _field(item, "pixel_values")
-        t, h, w = (int(x) for x in torch.as_tensor(_field(item, "grid_thw")).reshape(3).tolist())
+        src = getattr(item, "patches", item)      # PreprocessedMedia wraps its Patches
+        px = _field(src, "pixel_values")
+        t, h, w = (int(x) for x in torch.as_tensor(_field(src, "grid_thw")).reshape(3).tolist())
         out.append((px, (t, h, w)))
     return out
+
+
+def _keys(req, source: str) -> list[str | None]:
+    return [getattr(item, "key", None) for item in req.data.get(source) or []]
 
 
 class EncodeStage(BatchStage):
@@ -50,9 +62,12 @@ class EncodeStage(BatchStage):
     def __init__(self, encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
                  patch_dim: int, merge: int = 2, source: str = "preprocess",
                  name: str | None = None, max_batch_size: int | None = None,
-                 max_batch_cost: float | None = None, max_wait_ms: float | None = None):
+                 max_batch_cost: float | None = None, max_wait_ms: float | None = None,
+                 cache: EmbedCache | None = None):
         super().__init__(name)
         self.encoder = encoder
+        self.cache = cache
+        self.forwards = 0          # encoder calls made (a cache hit makes none)
         self.patch_dim = patch_dim
         self.merge = merge
         self.source = source
@@ -99,11 +114,40 @@ class EncodeStage(BatchStage):
             else:
                 work.append((i, items))
         if work:
-            px = torch.cat([p for _, items in work for p, _ in items])
-            grids = torch.tensor([g for _, items in work for _, g in items])
-            embeds = await asyncio.to_thread(self.encoder, px, grids)
-            sizes = [t * h * w // self.merge ** 2 for t, h, w in grids.tolist()]
-            parts = iter(torch.split(embeds, sizes))
-            for i, items in work:
-                results[i] = [next(parts) for _ in items]
+            await self._encode(reqs, work, results)
         return results
+
+    async def _encode(self, reqs, work, results) -> None:
+        """Fill results[i] for each (i, items) of `work`: cached embeddings where the cache
+        has them, one encoder forward over the distinct missing items for the rest."""
+        out: dict[int, list[torch.Tensor | None]] = {}
+        made: dict[Any, torch.Tensor] = {}
+        todo: dict[Any, tuple[torch.Tensor, tuple[int, int, int]]] = {}   # key -> item
+        for i, items in work:
+            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            out[i] = []
+            for j, (item, key) in enumerate(zip(items, keys)):
+                hit = self.cache.get(key) if key is not None else None
+                out[i].append(hit)
+                if hit is None:
+                    todo.setdefault(key if key is not None else (i, j), item)
+        if todo:
+            px = torch.cat([p for p, _ in todo.values()])
+            grids = torch.tensor([g for _, g in todo.values()])
+            self.forwards += 1
+            embeds = await asyncio.to_thread(self._forward, px, grids)
+            sizes = [t * h * w // self.merge ** 2 for t, h, w in grids.tolist()]
+            made = dict(zip(todo, torch.split(embeds, sizes)))
+            if self.cache is not None:
+                for key, emb in made.items():
+                    if isinstance(key, str):
+                        self.cache.put(key, emb.clone())    # not a view pinning the batch
+        for i, items in work:
+            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            results[i] = [e if e is not None else made[k if k is not None else (i, j)]
+                          for j, (e, k) in enumerate(zip(out[i], keys))]
+
+    def _forward(self, px: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        # inference_mode is per thread: set it in the worker thread the forward runs on.
+        with torch.inference_mode():
+            return self.encoder(px, grids)
