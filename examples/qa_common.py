@@ -73,9 +73,17 @@ def ask_server(base_url: str, model: str | None, kind: str, path: str, question:
 def main(doc: str, kind: str) -> int:
     a = parse_args(doc, kind)
     path = getattr(a, kind)
-    if a.model:
-        text = asyncio.run(ask_local(a.model, kind, path, a.question, a.max_tokens, a.dtype))
-    else:
-        text = ask_server(a.url, a.served_model, kind, path, a.question, a.max_tokens)
+    if "://" not in path and not path.startswith("data:") and not pathlib.Path(path).exists():
+        print(f"error: no such {kind} file: {path}", file=sys.stderr)
+        return 2
+    from mimo.pipeline import PipelineError
+    try:
+        if a.model:
+            text = asyncio.run(ask_local(a.model, kind, path, a.question, a.max_tokens, a.dtype))
+        else:
+            text = ask_server(a.url, a.served_model, kind, path, a.question, a.max_tokens)
+    except PipelineError as e:      # bad media or prompt: the same message the server sends
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(text)
     return 0
