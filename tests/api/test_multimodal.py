@@ -158,3 +158,27 @@ def test_repeated_image_hits_the_embed_cache_and_the_prefix_cache(vlm_client, vl
     assert u.prompt_tokens_details.cached_tokens < u.prompt_tokens - tokens_for("astronaut.png")
     assert u.prompt_tokens == again.usage.prompt_tokens
     assert counter(vlm_server, "mimo_encoder_forwards_total") == forwards + 1
+
+
+def test_streamed_image_answer_equals_the_whole_one(vlm_client, model):
+    parts = [image(str(media_path("rocket.jpg"))), ASK]
+    whole = chat(vlm_client, model, parts)
+    stream = vlm_client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": parts}], stream=True,
+        stream_options={"include_usage": True}, **GREEDY)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_media_flags_in_help_and_encoder_workers_refused(capsys):
+    import server as server_main
+    with pytest.raises(SystemExit):
+        server_main.main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--allowed-media-dir", "--allow-private-media-urls", "--max-media-bytes",
+                 "--encoder-workers"):
+        assert flag in out
+    assert server_main.main(["--encoder-workers", "2"]) == 2
+    assert "encoder_workers must be 1" in capsys.readouterr().err
