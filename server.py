@@ -35,10 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest image or video accepted, per item (download, data: URL or "
                         "file; default 64 MiB)")
     m.add_argument("--embed-cache-bytes", type=int, default=512 * 2**20,
-                   help="memory for cached vision-encoder outputs (default 512 MiB)")
+                   help="memory for cached vision-encoder outputs, per encoder worker "
+                        "(default 512 MiB)")
     m.add_argument("--encoder-workers", type=int, default=1,
-                   help="vision-encoder workers; only 1 is supported (the encoder runs in the "
-                        "server process, batched across requests); other values are refused")
+                   help="vision-encoder processes (default 1: the encoder runs in the server "
+                        "process); N > 1 starts N processes, each loading the vision tower "
+                        "and keeping its own --embed-cache-bytes cache, media routed to them "
+                        "by consistent hashing of their content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_flags(p)
     return p

@@ -310,8 +310,8 @@ class ServerConfig:
     max_in_flight: int = 256                 # requests inside the pipeline at once
     max_queued: int = 1024                   # beyond max_in_flight; more get HTTP 503
     embed_cache_bytes: int = 512 * 2**20     # vision-encoder outputs kept by media content
-    # One encoder (in the server process) for now; N processes routed by the hash ring are
-    # not built, so anything else is refused rather than silently ignored.
+    # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
+    # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
     encoder_workers: int = 1
 
     def __post_init__(self):
@@ -323,6 +323,5 @@ class ServerConfig:
             raise ConfigError("max_in_flight must be >= 1 and max_queued >= 0")
         if self.embed_cache_bytes < 0:
             raise ConfigError("embed_cache_bytes must be >= 0")
-        if self.encoder_workers != 1:
-            raise ConfigError(f"encoder_workers must be 1 (one in-process encoder; several "
-                              f"encoder processes are not implemented), not {self.encoder_workers}")
+        if self.encoder_workers < 1:
+            raise ConfigError(f"encoder_workers must be >= 1, not {self.encoder_workers}")

@@ -38,7 +38,7 @@ class Server:
         self.chat_pipeline = build_chat_pipeline(cfg, engine, media)
         self.pipeline = self.chat_pipeline.pipeline
         if self.chat_pipeline.multimodal:
-            self.metrics.watch_encoder(self.chat_pipeline.encode, self.chat_pipeline.embed_cache)
+            self.metrics.watch_encoder(self.chat_pipeline.encode)
 
     # ---- plumbing -------------------------------------------------------------------
     def _authorized(self, request) -> bool:

@@ -2,12 +2,15 @@
 
 Text-only model: tokenize -> generate -> detokenize. Vision-language model: tokenize (with
 media placeholders) -> fetch -> decode_media -> preprocess -> encode (batched across
-requests, embedding cache first) -> mm_prompt (placeholders expanded, MMPrompt built) ->
+requests, embedding cache first; with `encoder_workers` > 1 in worker processes routed by
+the hash ring, each with its own cache) -> mm_prompt (placeholders expanded, MMPrompt built) ->
 generate -> detokenize. A request without media passes the media stages with nothing to do.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
@@ -17,6 +20,7 @@ from ..media.preprocess import ProcessorSettings
 from ..pipeline import Pipeline
 from ..stages import DecodeMedia, Detokenize, Fetch, Generate, Preprocess, Tokenize
 from ..stages.encode import EncodeStage
+from ..stages.encoder_pool import EncoderPool
 from ..stages.mm_prompt import MMPromptStage
 
 
@@ -24,7 +28,7 @@ from ..stages.mm_prompt import MMPromptStage
 class ChatPipeline:
     pipeline: Pipeline
     encode: EncodeStage | None          # None for a text-only model
-    embed_cache: EmbedCache | None
+    embed_cache: EmbedCache | None      # the in-process cache (None with encoder workers)
 
     @property
     def multimodal(self) -> bool:
@@ -54,9 +58,16 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
         stages = [Tokenize(eng.tokenizer, eng.model_config.arch), Generate(engine),
                   Detokenize(eng.tokenizer)]
         return ChatPipeline(Pipeline(stages, **limits), None, None)
-    cache = EmbedCache(cfg.embed_cache_bytes)
+    cache, pool = None, None
+    if cfg.encoder_workers == 1:
+        cache = EmbedCache(cfg.embed_cache_bytes)
+    else:
+        # Each worker process loads the tower and keeps its own cache of the same size.
+        threads = max(1, torch.get_num_threads() // cfg.encoder_workers)
+        pool = EncoderPool(eng.config.model, cfg.encoder_workers, eng.model.visual.dtype,
+                           cfg.embed_cache_bytes, threads)
     encode = EncodeStage(eng.model.encode, patch_dim=vision.patch_dim,
-                         merge=vision.spatial_merge_size, cache=cache)
+                         merge=vision.spatial_merge_size, cache=cache, pool=pool)
     stages = [Tokenize(eng.tokenizer, eng.model_config.arch, placeholders(eng.tokenizer, vision)),
               Fetch(media), DecodeMedia(media), Preprocess(processor_settings(vision)), encode,
               MMPromptStage(vision), Generate(engine), Detokenize(eng.tokenizer)]

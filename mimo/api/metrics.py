@@ -27,10 +27,10 @@ class Metrics:
                                     "Longest time any request waited for admission", registry=r)
         self._max_wait = 0.0
 
-    def watch_encoder(self, encode, cache) -> None:
+    def watch_encoder(self, encode) -> None:
         """Export the encode stage's forward count and the embedding cache's hits and
         misses, read at scrape time (they are counted where they happen, off the loop)."""
-        self.registry.register(_EncoderCollector(encode, cache))
+        self.registry.register(_EncoderCollector(encode))
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
@@ -52,13 +52,13 @@ class Metrics:
 
 
 class _EncoderCollector:
-    def __init__(self, encode, cache):
-        self.encode, self.cache = encode, cache
+    def __init__(self, encode):
+        self.encode = encode
 
     def collect(self):
-        st = self.cache.stats
+        enc = self.encode
         for name, doc, value in (
-                ("mimo_embed_cache_hits", "Media items whose embeddings came from the cache", st.hits),
-                ("mimo_embed_cache_misses", "Media items not in the embedding cache", st.misses),
+                ("mimo_embed_cache_hits", "Media items whose embeddings came from the cache", enc.cache_hits),
+                ("mimo_embed_cache_misses", "Media items not in the embedding cache", enc.cache_misses),
                 ("mimo_encoder_forwards", "Vision-encoder forward passes run", self.encode.forwards)):
             yield CounterMetricFamily(name, doc, value=value)

@@ -18,6 +18,10 @@ Embedding cache: with `cache` set, items whose key is cached skip the encoder; t
 of a batch are encoded once per distinct key (two requests sending the same picture at the
 same time share one encoding) and stored. `forwards` counts encoder calls, so a test or
 /metrics can see that a hit really skipped the encoder.
+
+Encoder workers: with `pool` (an EncoderPool) the items go to worker processes instead,
+each the owner of the keys the hash ring gives it, with its own cache; the workers of a
+batch run at the same time, and their hit, miss and forward counts add up here.
 """
 from __future__ import annotations
 
@@ -63,11 +67,13 @@ class EncodeStage(BatchStage):
                  patch_dim: int, merge: int = 2, source: str = "preprocess",
                  name: str | None = None, max_batch_size: int | None = None,
                  max_batch_cost: float | None = None, max_wait_ms: float | None = None,
-                 cache: EmbedCache | None = None):
+                 cache: EmbedCache | None = None, pool=None):
         super().__init__(name)
         self.encoder = encoder
         self.cache = cache
+        self.pool = pool
         self.forwards = 0          # encoder calls made (a cache hit makes none)
+        self._pool_hits = self._pool_misses = 0
         self.patch_dim = patch_dim
         self.merge = merge
         self.source = source
@@ -117,9 +123,46 @@ class EncodeStage(BatchStage):
             await self._encode(reqs, work, results)
         return results
 
+    @property
+    def cache_hits(self) -> int:
+        return self._pool_hits if self.pool else self.cache.stats.hits if self.cache else 0
+
+    @property
+    def cache_misses(self) -> int:
+        return self._pool_misses if self.pool else self.cache.stats.misses if self.cache else 0
+
+    async def close(self) -> None:
+        await super().close()
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
+
+    async def _encode_pool(self, reqs, work, results) -> None:
+        """Route every item by its key; one call per worker, all workers at once."""
+        by_worker: dict[str, list[tuple[int, int, str, Any]]] = {}
+        for i, items in work:
+            for j, (item, key) in enumerate(zip(items, _keys(reqs[i], self.source))):
+                if key is None:
+                    raise InvalidRequest("encoder workers need media with cache keys")
+                by_worker.setdefault(self.pool.route(key), []).append((i, j, key, item))
+        workers = list(by_worker)
+        replies = await asyncio.gather(*(asyncio.to_thread(
+            self.pool.encode, w, [k for *_, k, _ in by_worker[w]],
+            [it for *_, it in by_worker[w]]) for w in workers))
+        out = {i: [None] * len(items) for i, items in work}
+        for w, reply in zip(workers, replies):
+            self._pool_hits += reply.hits
+            self._pool_misses += reply.misses
+            self.forwards += reply.forwarded
+            for (i, j, _, _), emb in zip(by_worker[w], reply.embeds):
+                out[i][j] = emb
+        for i, _ in work:
+            results[i] = out[i]
+
     async def _encode(self, reqs, work, results) -> None:
         """Fill results[i] for each (i, items) of `work`: cached embeddings where the cache
         has them, one encoder forward over the distinct missing items for the rest."""
+        if self.pool is not None:
+            return await self._encode_pool(reqs, work, results)
         out: dict[int, list[torch.Tensor | None]] = {}
         made: dict[Any, torch.Tensor] = {}
         todo: dict[Any, tuple[torch.Tensor, tuple[int, int, int]]] = {}   # key -> item

@@ -172,7 +172,32 @@ def test_streamed_image_answer_equals_the_whole_one(vlm_client, model):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
-def test_media_flags_in_help_and_encoder_workers_refused(capsys):
+def test_encoder_workers_answer_the_same_and_cache_per_worker(vlm_client, vlm_dir, media_dir,
+                                                             model):
+    from conftest import _vlm_server
+    from openai import OpenAI
+    srv = _vlm_server(vlm_dir, media_dir, "--encoder-workers", "2")
+    try:
+        c = OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=300)
+        asks = [[image(str(media_path(n))), ASK] for n in ("astronaut.png", "rocket.jpg")]
+        asks.append([image(str(media_path("coffee.png"))), image(str(media_path("rocket.jpg"))),
+                     ASK])
+        for parts in asks:
+            want = chat(vlm_client, model, parts)
+            got = chat(c, model, parts)
+            assert got.choices[0].message.content == want.choices[0].message.content
+            assert got.usage.prompt_tokens == want.usage.prompt_tokens
+        assert counter(srv, "mimo_embed_cache_misses_total") == 3      # each image once
+        assert counter(srv, "mimo_embed_cache_hits_total") == 1        # rocket, 2nd time
+        forwards = counter(srv, "mimo_encoder_forwards_total")
+        chat(c, model, asks[2])
+        assert counter(srv, "mimo_encoder_forwards_total") == forwards   # all cached
+        assert counter(srv, "mimo_embed_cache_hits_total") == 3
+    finally:
+        srv.stop()
+
+
+def test_media_flags_in_help_and_encoder_workers_checked(capsys):
     import server as server_main
     with pytest.raises(SystemExit):
         server_main.main(["--help"])
@@ -180,5 +205,5 @@ def test_media_flags_in_help_and_encoder_workers_refused(capsys):
     for flag in ("--allowed-media-dir", "--allow-private-media-urls", "--max-media-bytes",
                  "--encoder-workers"):
         assert flag in out
-    assert server_main.main(["--encoder-workers", "2"]) == 2
-    assert "encoder_workers must be 1" in capsys.readouterr().err
+    assert server_main.main(["--encoder-workers", "0"]) == 2
+    assert "encoder_workers must be >= 1" in capsys.readouterr().err
