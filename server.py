@@ -24,6 +24,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests inside the pipeline at once; more wait in a queue")
     g.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond --max-in-flight; more get HTTP 503")
+    m = p.add_argument_group("media (vision-language models)")
+    m.add_argument("--allowed-media-dir", action="append", default=[], metavar="DIR",
+                   help="serve file:// URLs and plain paths under DIR (repeatable; default: "
+                        "no local files)")
+    m.add_argument("--allow-private-media-urls", action="store_true",
+                   help="let media URLs reach loopback, private and link-local addresses "
+                        "(default: refused, against SSRF)")
+    m.add_argument("--max-media-bytes", type=int, default=64 * 2**20,
+                   help="largest image or video accepted, per item (download, data: URL or "
+                        "file; default 64 MiB)")
+    m.add_argument("--embed-cache-bytes", type=int, default=512 * 2**20,
+                   help="memory for cached vision-encoder outputs, per encoder worker "
+                        "(default 512 MiB)")
+    m.add_argument("--encoder-workers", type=int, default=1,
+                   help="vision-encoder processes (default 1: the encoder runs in the server "
+                        "process); N > 1 starts N processes, each loading the vision tower "
+                        "and keeping its own --embed-cache-bytes cache, media routed to them "
+                        "by consistent hashing of their content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_flags(p)
     return p
@@ -37,17 +55,22 @@ def main(argv=None) -> int:
     from mimo.engine.async_engine import AsyncEngine
     from mimo.engine.engine import LLMEngine
     from mimo.llm import engine_config
+    from mimo.media.config import MediaConfig
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         scfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,
                             served_model_name=args.served_model_name,
                             max_body_bytes=args.max_body_bytes, max_in_flight=args.max_in_flight,
-                            max_queued=args.max_queued)
+                            max_queued=args.max_queued, embed_cache_bytes=args.embed_cache_bytes,
+                            encoder_workers=args.encoder_workers)
+        media = MediaConfig(allowed_media_dirs=tuple(args.allowed_media_dir),
+                            allow_private=args.allow_private_media_urls,
+                            max_bytes=args.max_media_bytes)
         engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = Server(scfg, AsyncEngine(engine), args.model)
+    server = Server(scfg, AsyncEngine(engine), args.model, media)
     import uvicorn
     try:
         import uvloop  # noqa: F401

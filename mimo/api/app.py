@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP app (starlette). Handlers parse, run the stage pipeline
-(tokenize -> generate -> detokenize) and shape OpenAI responses; errors go through
+(chat_pipeline.py: tokenize -> [media stages] -> generate -> detokenize) and shape OpenAI
+responses; errors go through
 `errors.error_response`, the one place exceptions become HTTP."""
 from __future__ import annotations
 
@@ -16,15 +17,17 @@ from starlette.routing import Route
 
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
-from ..pipeline import Pipeline, Request
-from ..stages import Detokenize, Generate, Tokenize
+from ..media.config import MediaConfig
+from ..pipeline import Request
 from . import schemas
+from .chat_pipeline import build_chat_pipeline
 from .errors import APIError, bad_request, error_response
 from .metrics import Metrics
 
 
 class Server:
-    def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str):
+    def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str,
+                 media: MediaConfig = MediaConfig()):
         self.cfg = cfg
         self.engine = engine
         self.model_name = cfg.served_model_name or model_name
@@ -32,10 +35,10 @@ class Server:
         self.max_model_len = eng.max_model_len
         self.tokenizer = eng.tokenizer
         self.metrics = Metrics()
-        self.pipeline = Pipeline(
-            [Tokenize(eng.tokenizer, eng.model_config.arch), Generate(engine),
-             Detokenize(eng.tokenizer)],
-            name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
+        self.chat_pipeline = build_chat_pipeline(cfg, engine, media)
+        self.pipeline = self.chat_pipeline.pipeline
+        if self.chat_pipeline.multimodal:
+            self.metrics.watch_encoder(self.chat_pipeline.encode)
 
     # ---- plumbing -------------------------------------------------------------------
     def _authorized(self, request) -> bool:
@@ -108,11 +111,12 @@ class Server:
     async def _generate(self, request, kind: str):
         endpoint = "chat" if kind == "chat" else "completions"
         try:
-            spec = schemas.parse(kind, await self._body(request), self.max_model_len)
+            spec = schemas.parse(kind, await self._body(request), self.max_model_len,
+                                 multimodal=self.chat_pipeline.multimodal)
             if spec.model != self.model_name:
                 raise APIError(404, f"model {spec.model!r} does not exist; this server serves "
                                     f"{self.model_name!r}", code="model_not_found", param="model")
-            req = Request(data={"spec": spec})
+            req = Request(data={"spec": spec, "media": spec.media})
             stream = self.pipeline.stream(req)
             t0 = time.perf_counter()
             try:
@@ -133,8 +137,14 @@ class Server:
                                      headers={"Cache-Control": "no-cache"})
         return await self._whole(kind, spec, req, stream, first, t0)
 
+    @staticmethod
+    def _prompt_len(req) -> int:
+        """Prompt tokens as the model sees them: media placeholders expanded."""
+        mm = req.data.get("mm_prompt")
+        return len(mm[0]) if mm else len(req.data.get("tokenize") or [])
+
     def _usage(self, req) -> dict:
-        prompt = len(req.data.get("tokenize") or [])
+        prompt = self._prompt_len(req)
         done = req.data.get("completion_tokens", 0)
         es = req.data.get("engine_stream")
         cached = es.cached_tokens if es is not None else 0
@@ -144,7 +154,7 @@ class Server:
     def _account(self, req) -> None:
         """Count a finished request's tokens and queue wait (once, streamed or not)."""
         es = req.data.get("engine_stream")
-        self.metrics.prompt_tokens.inc(len(req.data.get("tokenize") or []))
+        self.metrics.prompt_tokens.inc(self._prompt_len(req))
         self.metrics.generation_tokens.inc(req.data.get("completion_tokens", 0))
         if es is not None:
             self.metrics.cached_tokens.inc(es.cached_tokens)

@@ -8,6 +8,7 @@ from starlette.responses import JSONResponse
 
 from ..config import ConfigError
 from ..engine.engine import RequestError
+from ..media.errors import MediaError
 from ..models.chat_template import ChatTemplateError
 from ..pipeline.errors import (InvalidRequest, Overloaded, PipelineClosed, PipelineError,
                                RequestCancelled, StageError)
@@ -36,6 +37,8 @@ def to_api_error(e: BaseException) -> APIError:
             if inner.status < 500:
                 return inner
         return APIError(500, "internal error while processing the request", "server_error")
+    if isinstance(e, MediaError):       # bad URL, bytes or size: the client's media
+        return bad_request(str(e), "messages", "invalid_media")
     if isinstance(e, (RequestError, ChatTemplateError, InvalidRequest, ConfigError, ValueError,
                       TypeError)):
         return bad_request(str(e))

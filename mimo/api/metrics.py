@@ -11,6 +11,7 @@ The acceptance rate at position i is accepted{position="i"} / draft{position="i"
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -44,6 +45,11 @@ class Metrics:
         self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",
                                     "Longest time any request waited for admission", registry=r)
         self._max_wait = 0.0
+
+    def watch_encoder(self, encode) -> None:
+        """Export the encode stage's forward count and the embedding cache's hits and
+        misses, read at scrape time (they are counted where they happen, off the loop)."""
+        self.registry.register(_EncoderCollector(encode))
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
@@ -80,3 +86,16 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EncoderCollector:
+    def __init__(self, encode):
+        self.encode = encode
+
+    def collect(self):
+        enc = self.encode
+        for name, doc, value in (
+                ("mimo_embed_cache_hits", "Media items whose embeddings came from the cache", enc.cache_hits),
+                ("mimo_embed_cache_misses", "Media items not in the embedding cache", enc.cache_misses),
+                ("mimo_encoder_forwards", "Vision-encoder forward passes run", self.encode.forwards)):
+            yield CounterMetricFamily(name, doc, value=value)

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
+from ..media.item import MediaItem
+from .content import parse_content
 from .errors import APIError, bad_request
 
 # Accepted and ignored: they change nothing a single-choice, text-only completion returns.
@@ -34,6 +36,9 @@ class GenerationSpec:
     messages: list[dict] | None = None
     prompt: str | None = None
     prompt_ids: list[int] | None = None
+    # Images and videos of the chat, in prompt order; their places in `messages` are
+    # {"type": "image"|"video"} parts.
+    media: list[MediaItem] = field(default_factory=list)
 
 
 def _num(body, name, lo=None, hi=None, integer=False, default=None):
@@ -102,24 +107,8 @@ def _utf8(s: str, where: str, param: str) -> str:
     return s
 
 
-def _content_text(content, i: int) -> str:
-    """A message's content: a string, or a list of text parts (joined)."""
-    if isinstance(content, str):
-        return _utf8(content, f"messages[{i}].content", "messages")
-    if isinstance(content, list):
-        parts = []
-        for j, p in enumerate(content):
-            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
-                raise bad_request(f"messages[{i}].content[{j}]: unsupported content part "
-                                  f"{kind!r} (this model takes text parts)", "messages")
-            parts.append(_utf8(p["text"], f"messages[{i}].content[{j}]", "messages"))
-        return "".join(parts)
-    raise bad_request(f"messages[{i}].content must be a string or a list of text parts",
-                      "messages")
-
-
-def parse(kind: str, body: Any, max_model_len: int) -> GenerationSpec:
+def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False) -> GenerationSpec:
+    """`multimodal`: the model takes image_url / video_url parts (else they are a 400)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     allowed = _COMMON | _IGNORED | ({"messages", "max_completion_tokens"} if kind == "chat"
@@ -154,7 +143,8 @@ def parse(kind: str, body: Any, max_model_len: int) -> GenerationSpec:
                 raise bad_request(f"messages[{i}].role {m.get('role')!r} is not one of system, "
                                   f"user, assistant", "messages")
             role = "system" if m["role"] == "developer" else m["role"]
-            out.append({"role": role, "content": _content_text(m.get("content"), i)})
+            out.append({"role": role, "content": parse_content(
+                m.get("content"), i, role, multimodal, spec.media)})
         spec.messages = out
     else:
         p = body.get("prompt")

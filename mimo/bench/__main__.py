@@ -20,6 +20,7 @@ COMMANDS = [
     ".serve",            # serve: TTFT per waiting-queue policy, a trace replayed on real servers
     ".encoder",          # encoder: vision encoder QPS / p90, cross-request batching off vs on
     ".spec",             # spec: decode tokens/s with vs without speculative decoding
+    ".video_decode",     # video-decode: chunked parallel video decoding, time per worker count
 ]
 
 

@@ -73,12 +73,12 @@ class AsyncEngine:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
     # ---- event-loop side ----------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> RequestStream:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
-        the engine thread."""
+        the engine thread. `mm`: an MMPrompt for a prompt with images or videos."""
         if self.fatal is not None:
             raise RuntimeError(f"engine stopped after an internal error: {self.fatal}")
-        seq = self.engine.new_sequence(prompt_ids, params)
+        seq = self.engine.new_sequence(prompt_ids, params, mm)
         stream = RequestStream(seq)
         self._inbox.put(("add", stream))
         self._wake.set()

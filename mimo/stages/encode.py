@@ -10,8 +10,18 @@ everybody ahead of it one by one.
 
 Input: `req.data[source]` is a list of media items, each with `pixel_values` [patches,
 patch_dim] and `grid_thw` (t, h, w) in patches (a mapping or an object with those
-attributes), as the preprocess stage produces them. Output (`req.data["encode"]`): one
-embedding tensor per item, in order.
+attributes), or the preprocess stage's `PreprocessedMedia` (its `patches` hold them and its
+`key` is the embedding-cache key). Output (`req.data["encode"]`): one embedding tensor per
+item, in order.
+
+Embedding cache: with `cache` set, items whose key is cached skip the encoder; the misses
+of a batch are encoded once per distinct key (two requests sending the same picture at the
+same time share one encoding) and stored. `forwards` counts encoder calls, so a test or
+/metrics can see that a hit really skipped the encoder.
+
+Encoder workers: with `pool` (an EncoderPool) the items go to worker processes instead,
+each the owner of the keys the hash ring gives it, with its own cache; the workers of a
+batch run at the same time, and their hit, miss and forward counts add up here.
 """
 from __future__ import annotations
 
@@ -20,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..media.embed_cache import EmbedCache
 from ..pipeline import BatchStage, InvalidRequest
 
 
@@ -31,10 +42,15 @@ def _items(req, source: str) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
     media = req.data.get(source) or []
     out = []
     for item in media:
-        px = _field(item, "pixel_values")
-        t, h, w = (int(x) for x in torch.as_tensor(_field(item, "grid_thw")).reshape(3).tolist())
+        src = getattr(item, "patches", item)      # PreprocessedMedia wraps its Patches
+        px = _field(src, "pixel_values")
+        t, h, w = (int(x) for x in torch.as_tensor(_field(src, "grid_thw")).reshape(3).tolist())
         out.append((px, (t, h, w)))
     return out
+
+
+def _keys(req, source: str) -> list[str | None]:
+    return [getattr(item, "key", None) for item in req.data.get(source) or []]
 
 
 class EncodeStage(BatchStage):
@@ -50,9 +66,14 @@ class EncodeStage(BatchStage):
     def __init__(self, encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
                  patch_dim: int, merge: int = 2, source: str = "preprocess",
                  name: str | None = None, max_batch_size: int | None = None,
-                 max_batch_cost: float | None = None, max_wait_ms: float | None = None):
+                 max_batch_cost: float | None = None, max_wait_ms: float | None = None,
+                 cache: EmbedCache | None = None, pool=None):
         super().__init__(name)
         self.encoder = encoder
+        self.cache = cache
+        self.pool = pool
+        self.forwards = 0          # encoder calls made (a cache hit makes none)
+        self._pool_hits = self._pool_misses = 0
         self.patch_dim = patch_dim
         self.merge = merge
         self.source = source
@@ -99,11 +120,77 @@ class EncodeStage(BatchStage):
             else:
                 work.append((i, items))
         if work:
-            px = torch.cat([p for _, items in work for p, _ in items])
-            grids = torch.tensor([g for _, items in work for _, g in items])
-            embeds = await asyncio.to_thread(self.encoder, px, grids)
-            sizes = [t * h * w // self.merge ** 2 for t, h, w in grids.tolist()]
-            parts = iter(torch.split(embeds, sizes))
-            for i, items in work:
-                results[i] = [next(parts) for _ in items]
+            await self._encode(reqs, work, results)
         return results
+
+    @property
+    def cache_hits(self) -> int:
+        return self._pool_hits if self.pool else self.cache.stats.hits if self.cache else 0
+
+    @property
+    def cache_misses(self) -> int:
+        return self._pool_misses if self.pool else self.cache.stats.misses if self.cache else 0
+
+    async def close(self) -> None:
+        await super().close()
+        if self.pool is not None:
+            await asyncio.to_thread(self.pool.close)
+
+    async def _encode_pool(self, reqs, work, results) -> None:
+        """Route every item by its key; one call per worker, all workers at once."""
+        by_worker: dict[str, list[tuple[int, int, str, Any]]] = {}
+        for i, items in work:
+            for j, (item, key) in enumerate(zip(items, _keys(reqs[i], self.source))):
+                if key is None:
+                    raise InvalidRequest("encoder workers need media with cache keys")
+                by_worker.setdefault(self.pool.route(key), []).append((i, j, key, item))
+        workers = list(by_worker)
+        replies = await asyncio.gather(*(asyncio.to_thread(
+            self.pool.encode, w, [k for *_, k, _ in by_worker[w]],
+            [it for *_, it in by_worker[w]]) for w in workers))
+        out = {i: [None] * len(items) for i, items in work}
+        for w, reply in zip(workers, replies):
+            self._pool_hits += reply.hits
+            self._pool_misses += reply.misses
+            self.forwards += reply.forwarded
+            for (i, j, _, _), emb in zip(by_worker[w], reply.embeds):
+                out[i][j] = emb
+        for i, _ in work:
+            results[i] = out[i]
+
+    async def _encode(self, reqs, work, results) -> None:
+        """Fill results[i] for each (i, items) of `work`: cached embeddings where the cache
+        has them, one encoder forward over the distinct missing items for the rest."""
+        if self.pool is not None:
+            return await self._encode_pool(reqs, work, results)
+        out: dict[int, list[torch.Tensor | None]] = {}
+        made: dict[Any, torch.Tensor] = {}
+        todo: dict[Any, tuple[torch.Tensor, tuple[int, int, int]]] = {}   # key -> item
+        for i, items in work:
+            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            out[i] = []
+            for j, (item, key) in enumerate(zip(items, keys)):
+                hit = self.cache.get(key) if key is not None else None
+                out[i].append(hit)
+                if hit is None:
+                    todo.setdefault(key if key is not None else (i, j), item)
+        if todo:
+            px = torch.cat([p for p, _ in todo.values()])
+            grids = torch.tensor([g for _, g in todo.values()])
+            self.forwards += 1
+            embeds = await asyncio.to_thread(self._forward, px, grids)
+            sizes = [t * h * w // self.merge ** 2 for t, h, w in grids.tolist()]
+            made = dict(zip(todo, torch.split(embeds, sizes)))
+            if self.cache is not None:
+                for key, emb in made.items():
+                    if isinstance(key, str):
+                        self.cache.put(key, emb.clone())    # not a view pinning the batch
+        for i, items in work:
+            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            results[i] = [e if e is not None else made[k if k is not None else (i, j)]
+                          for j, (e, k) in enumerate(zip(out[i], keys))]
+
+    def _forward(self, px: torch.Tensor, grids: torch.Tensor) -> torch.Tensor:
+        # inference_mode is per thread: set it in the worker thread the forward runs on.
+        with torch.inference_mode():
+            return self.encoder(px, grids)

@@ -19,9 +19,10 @@ class Generate(Stage):
         self.engine = engine
 
     async def process(self, req, upstream=None):
-        ids = req.data["tokenize"]
+        # A multimodal pipeline's mm_prompt stage expanded the ids and built the MMPrompt.
+        ids, mm = req.data.get("mm_prompt") or (req.data["tokenize"], None)
         try:
-            stream = self.engine.submit(ids, req.data["spec"].params)
+            stream = self.engine.submit(ids, req.data["spec"].params, mm=mm)
         except (RequestError, ValueError) as e:
             raise InvalidRequest(str(e)) from e
         req.data["engine_stream"] = stream

@@ -101,3 +101,51 @@ def aclient(server):
     from openai import AsyncOpenAI
     return lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0,
                                timeout=300)
+
+
+# ---- a vision-language model (tiny Qwen2.5-VL) behind the real server ----------------------
+MAX_MEDIA_BYTES = 1_500_000      # above every test file, below the "too large" download
+
+
+@pytest.fixture(scope="session")
+def vlm_dir(tmp_path_factory):
+    from mimo.models.tiny import qwen2_5_vl
+    d = tmp_path_factory.mktemp("tiny_qwen2_5_vl")
+    qwen2_5_vl.write(d, seed=3)
+    return d
+
+
+@pytest.fixture(scope="session")
+def media_dir():
+    from media.media_testing import MEDIA_DIR, media_path
+    for name in ("astronaut.png", "coffee.png", "rocket.jpg", "nasa_13013.mp4"):
+        media_path(name)          # fails, naming the missing file, when the set is absent
+    return MEDIA_DIR
+
+
+def _vlm_server(vlm_dir, media_dir, *extra):
+    return ServerProcess("--model", str(vlm_dir), "--dtype", "float32", "--kv-cache-memory",
+                         "64MiB", "--allowed-media-dir", str(media_dir), "--max-media-bytes",
+                         str(MAX_MEDIA_BYTES), *extra)
+
+
+@pytest.fixture(scope="session")
+def vlm_server(vlm_dir, media_dir):
+    """May fetch from loopback (the test HTTP server): --allow-private-media-urls."""
+    s = _vlm_server(vlm_dir, media_dir, "--allow-private-media-urls")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def vlm_strict_server(vlm_dir, media_dir):
+    """The default policy: no private addresses."""
+    s = _vlm_server(vlm_dir, media_dir)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def vlm_client(vlm_server):
+    from openai import OpenAI
+    return OpenAI(base_url=vlm_server.url + "/v1", api_key="none", max_retries=0, timeout=300)

@@ -1,0 +1,136 @@
+"""EncoderPool: N vision-encoder processes, each with its own embedding cache. Every media
+item goes to the worker the consistent-hash ring picks for its cache key, so a repeated
+item lands where its embeddings are cached (N caches hold N times the distinct media one
+would), and a worker joining or leaving moves only about 1/N of the keys.
+
+Each worker loads the checkpoint, keeps only the vision tower and serves requests on its
+own pipe: (keys, patches) in, (embeddings, hits, misses, ran_forward) out. Tensors cross as
+numpy arrays (plain pickled bytes), so no shared-memory file descriptors are passed around.
+A call to one worker holds that worker's lock; calls to different workers run at once.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..media.hash_ring import ConsistentHashRing
+
+READY_TIMEOUT_S = 300.0
+
+
+@dataclass
+class WorkerReply:
+    embeds: list[torch.Tensor]
+    hits: int
+    misses: int
+    forwarded: bool
+
+
+def _serve(model: str, dtype: str, cache_bytes: int, threads: int, conn) -> None:
+    """The worker process: load the tower, then answer until told to stop (None)."""
+    torch.set_num_threads(threads)
+    from ..media.embed_cache import EmbedCache
+    from ..models import registry
+    from ..models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
+    try:
+        loaded = registry.load(model, progress=False)
+        tower = Qwen2_5_VisionTransformer(loaded.config.vision, loaded.weights,
+                                          getattr(torch, dtype))
+        del loaded      # the language model's weights: not this process's business
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which fails to start
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+        return
+    cache = EmbedCache(cache_bytes)
+    conn.send(("ready", None))
+    while (msg := conn.recv()) is not None:
+        keys, items = msg
+        try:
+            conn.send(("ok", _encode(tower, cache, keys, items)))
+        except Exception as e:  # noqa: BLE001 - this call fails, the worker lives on
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+def _encode(tower, cache, keys, items):
+    before = (cache.stats.hits, cache.stats.misses)
+    out = [cache.get(k) for k in keys]
+    todo: dict[str, tuple[np.ndarray, tuple]] = {}
+    for k, e, item in zip(keys, out, items):
+        if e is None:
+            todo.setdefault(k, item)
+    if todo:
+        px = torch.cat([torch.from_numpy(p) for p, _ in todo.values()])
+        grids = torch.tensor([g for _, g in todo.values()])
+        with torch.inference_mode():
+            embeds = tower(px, grids)
+        m = tower.cfg.spatial_merge_size ** 2
+        made = dict(zip(todo, torch.split(embeds, [t * h * w // m for t, h, w in grids.tolist()])))
+        for k, e in made.items():
+            cache.put(k, e.clone())
+        out = [e if e is not None else made[k] for k, e in zip(keys, out)]
+    arrays = [e.float().numpy() if e.dtype == torch.bfloat16 else e.numpy() for e in out]
+    return (arrays, cache.stats.hits - before[0], cache.stats.misses - before[1], bool(todo))
+
+
+class EncoderPool:
+    def __init__(self, model: str, workers: int, dtype: torch.dtype, cache_bytes: int,
+                 threads_per_worker: int = 1):
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        ctx = mp.get_context("spawn")     # fork after torch started threads can deadlock
+        self.dtype = dtype
+        self.names = [f"encoder-{i}" for i in range(workers)]
+        self.ring = ConsistentHashRing(self.names)
+        self._conns, self._procs, self._locks = {}, [], {}
+        name = str(dtype).removeprefix("torch.")
+        for w in self.names:
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_serve, args=(model, name, cache_bytes, threads_per_worker,
+                                                 child), name=f"mimo-{w}", daemon=True)
+            p.start()
+            child.close()
+            self._conns[w], self._locks[w] = parent, threading.Lock()
+            self._procs.append(p)
+        for w in self.names:
+            if not self._conns[w].poll(READY_TIMEOUT_S):
+                self.close()
+                raise RuntimeError(f"{w} did not start in {READY_TIMEOUT_S:.0f} s")
+            kind, detail = self._conns[w].recv()
+            if kind != "ready":
+                self.close()
+                raise RuntimeError(f"{w} failed to start: {detail}")
+
+    def route(self, key: str) -> str:
+        return self.ring.route(key)
+
+    def encode(self, worker: str, keys: list[str], items: list[tuple[torch.Tensor, tuple]]
+               ) -> WorkerReply:
+        """Blocking: one worker's items (its cache first, one forward for the misses)."""
+        payload = (keys, [(p.numpy(), tuple(g)) for p, g in items])
+        with self._locks[worker]:
+            conn = self._conns[worker]
+            conn.send(payload)
+            kind, result = conn.recv()
+        if kind != "ok":
+            raise RuntimeError(f"{worker}: {result}")
+        arrays, hits, misses, forwarded = result
+        return WorkerReply([torch.from_numpy(a).to(self.dtype) for a in arrays], hits, misses,
+                           forwarded)
+
+    def close(self) -> None:
+        for w, conn in self._conns.items():
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for p in self._procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+        for conn in self._conns.values():
+            conn.close()
+        self._procs.clear()

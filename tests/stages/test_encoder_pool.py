@@ -1,0 +1,47 @@
+"""EncoderPool: worker processes with their own caches. A key's worker is fixed by the hash
+ring; a repeat on that worker is a hit without a forward, while another worker (its own
+cache) has not seen it; embeddings equal the in-process tower's."""
+import pytest
+import torch
+
+from mimo import LLM
+from mimo.models.tiny import qwen2_5_vl as tiny
+from mimo.stages.encoder_pool import EncoderPool
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_qwen2_5_vl")
+    tiny.write(d, seed=3)
+    return d
+
+
+def test_workers_cache_their_own_keys(tiny_dir):
+    model = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="2MiB", progress=False).engine.model
+    grid = (1, 8, 8)
+    px = torch.randn(64, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    want = model.encode(px, [grid])
+    pool = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24)
+    try:
+        keys = [f"key-{i}" for i in range(16)]
+        assert {pool.route(k) for k in keys} == set(pool.names)     # both get keys
+        assert all(pool.route(k) == pool.route(k) for k in keys)
+        k = keys[0]
+        home = pool.route(k)
+        other = next(w for w in pool.names if w != home)
+        first = pool.encode(home, [k, k], [(px, grid), (px, grid)])
+        assert (first.hits, first.misses, first.forwarded) == (0, 2, True)
+        torch.testing.assert_close(first.embeds[0], want, atol=1e-5, rtol=0)
+        assert torch.equal(first.embeds[0], first.embeds[1])
+        again = pool.encode(home, [k], [(px, grid)])
+        assert (again.hits, again.misses, again.forwarded) == (1, 0, False)
+        assert torch.equal(again.embeds[0], first.embeds[0])
+        elsewhere = pool.encode(other, [k], [(px, grid)])
+        assert (elsewhere.hits, elsewhere.misses, elsewhere.forwarded) == (0, 1, True)
+        with pytest.raises(RuntimeError, match="encoder-"):
+            pool.encode(home, ["bad"], [(px[:5], grid)])             # rows do not fit the grid
+        assert pool.encode(home, [k], [(px, grid)]).hits == 1       # the worker lives on
+    finally:
+        procs = list(pool._procs)
+        pool.close()
+    assert procs and not any(p.is_alive() for p in procs)
