@@ -86,7 +86,6 @@ class RetentionPolicy:
         them the lowest SWA priority until a match ends at one, so they only fill SWA
         room nothing else wants.
         """
-        a = self._align(page)
         end = self.cache_len(total_len, page, prompt_len)
         pts = {end}
         if self.prompt and prompt_len:
