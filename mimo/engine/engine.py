@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Callable
 
 import torch
 
@@ -11,7 +12,8 @@ from ..config import ConfigError, EngineConfig
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
 from ..models import registry
-from ..gpu.sampling import sample
+from ..kvcache.prefix_match import PrefixMatch
+from .decode_step import DecodeStep, PlainDecode
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -26,7 +28,12 @@ class RequestError(ValueError):
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: registry.LoadedModel | None = None,
-                 progress: bool = True):
+                 progress: bool = True, decode_step: DecodeStep | None = None,
+                 prefix_match: Callable[[DualPool], PrefixMatch] | None = None):
+        """`decode_step`: replaces the loop's decode step (default: plain sampling, or
+        speculative decoding when `config.spec` asks for it). `prefix_match`: builds the
+        prefix cache from the engine's pools (default: the SWA-aware radix tree when
+        `config.cache.prefix_cache`)."""
         self.config = config
         rt = config.runtime
         if rt.num_threads:
@@ -48,17 +55,21 @@ class LLMEngine:
         full_pages, swa_pages = plan_pages(layout, cc, context,
                                            chunk=config.scheduler.max_num_batched_tokens)
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
-        self.cache = None
-        if cc.prefix_cache:
+        self.cache = prefix_match(self.pool) if prefix_match is not None else None
+        if self.cache is None and cc.prefix_cache:
             from ..kvcache.prefix_cache import PrefixCache
             self.cache = PrefixCache(self.pool, cc.retention)
-        self.spec = None
-        if config.spec.enabled:
+        self.spec = None            # the speculative decoder, when there is one (its stats)
+        if decode_step is None and config.spec.enabled:
             from ..spec import make_drafter
             from ..spec.decoder import SpecDecoder
-            self.spec = SpecDecoder(make_drafter(config.spec, mc), config.spec.num_draft_tokens)
+            decode_step = SpecDecoder(make_drafter(config.spec, mc),
+                                      config.spec.num_draft_tokens)
+        self.decode = decode_step or PlainDecode()
+        if self.decode.num_draft:
+            self.spec = self.decode
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
-                                   num_draft=self.spec.k if self.spec else 0)
+                                   num_draft=self.decode.num_draft)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
         self._ids = itertools.count()
@@ -114,37 +125,31 @@ class LLMEngine:
         if seq.status is not Status.FINISHED:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
-            if self.spec:
-                self.spec.finished(seq)
+            self.decode.finished(seq)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, int]]:
-        """Schedule, run the model once, sample. Returns (sequence, new token) pairs, in
-        order; with speculative decoding a sequence may get several tokens in one step."""
-        spec = self.spec
-        chunks = self.scheduler.schedule(spec.propose(self.scheduler.running) if spec else None)
+        """One iteration: schedule (prefix match at admission, prefill chunks, decode
+        tokens), run the model once through the decode step, append tokens, commit.
+        Returns (sequence, new token) pairs in order; a decode step that verifies drafts
+        may give a sequence several tokens in one step."""
+        dec = self.decode
+        chunks = self.scheduler.schedule(dec.propose(self.scheduler.running))
         if not chunks:
             return []
         sampled = [c for c in chunks if c.sample]
         try:
-            if spec:
-                tokens = spec.execute(self.runner, self.model.lm_head, chunks)
-            else:
-                hidden = self.runner.execute(chunks)
-                tokens = [[t] for t in sample(self.model.lm_head, hidden,
-                                              [c.seq.params for c in sampled],
-                                              [c.seq.generator for c in sampled])]
+            tokens = dec.execute(self.runner, self.model.lm_head, chunks)
         except Exception:
             # A failed forward or sampling leaves nothing allocated for the requests it
             # carried, and they are finished, so the next step does not repeat the failure.
             for c in chunks:
                 c.seq.finish_reason = "error"
                 self.scheduler.finish(c.seq)
-                if spec:
-                    spec.finished(c.seq)
+                dec.finished(c.seq)
             raise
         out = []
         for c, toks in zip(sampled, tokens):
@@ -155,13 +160,11 @@ class LLMEngine:
                 out.append((c.seq, t))
                 if c.seq.finish_reason is not None:
                     break
-            if spec:
-                spec.settle(c, emitted)
+            dec.settle(c, emitted)
         self.scheduler.commit(chunks)
-        if spec:
-            for c in chunks:
-                if c.seq.finish_reason is not None:
-                    spec.finished(c.seq)
+        for c in chunks:
+            if c.seq.finish_reason is not None:
+                dec.finished(c.seq)
         return out
 
     def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None,

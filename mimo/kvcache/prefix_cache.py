@@ -18,11 +18,12 @@ reviving tombstones with pages the request recomputed, and the rest is freed.
 from __future__ import annotations
 
 from ..kvcache.dual_pool import DualPool, SeqKV
+from .prefix_match import PrefixMatch
 from .radix_tree import RadixTree
 from .retention import POLICIES, RetentionPolicy
 
 
-class PrefixCache:
+class PrefixCache(PrefixMatch):
     def __init__(self, pool: DualPool, retention: str | RetentionPolicy = "hybrid-output"):
         policy = POLICIES[retention] if isinstance(retention, str) else retention
         self.pool = pool

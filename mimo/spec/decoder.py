@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import torch
 
+from ..engine.decode_step import DecodeStep
 from ..gpu.sampling import filtered_probs, sample_row
 from .drafter import Drafter
 from .rejection import greedy_accept, rejection_sample
 from .stats import SpecStats
 
 
-class SpecDecoder:
+class SpecDecoder(DecodeStep):
+    """The speculative `DecodeStep` (see `mimo/engine/decode_step.py`)."""
+
     def __init__(self, drafter: Drafter, num_draft_tokens: int):
         self.drafter = drafter
-        self.k = num_draft_tokens
+        self.k = self.num_draft = num_draft_tokens
         self.totals = SpecStats()          # every request's steps, summed (metrics)
         self._rows: dict[int, tuple[int, int]] = {}   # id(chunk) -> (first verify row, drafts accepted)
         self._hidden: torch.Tensor | None = None

@@ -1,0 +1,44 @@
+"""The prefix-match step: what the scheduler asks of a prefix cache, and nothing more.
+
+The scheduler holds one `PrefixMatch` (or None: no caching) and calls only these methods, so
+another cache (a different tree, a tiered store, an external KV service) plugs in without
+touching the scheduler or the decode step. `PrefixCache` is the SWA-aware radix tree's.
+
+Ownership rule every implementation keeps: a page it shares with a request is never freed by
+`DualPool.free_seq` (the pool's `is_shared_*` hooks say which), and a page a running request
+reads is never evicted while it runs.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from .dual_pool import SeqKV
+
+
+class PrefixMatch(ABC):
+    @abstractmethod
+    def cached_len(self, tokens: list[int], namespace=None) -> int:
+        """Tokens a request admitted now would reuse; no side effects (queue ordering)."""
+
+    @abstractmethod
+    def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
+              namespace=None) -> int:
+        """Point a new request's page tables at its cached prefix (all but the last token)
+        and protect it; returns the cached tokens."""
+
+    @abstractmethod
+    def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
+        """A running request computed more prompt KV (`tokens` have KV): share it."""
+
+    @abstractmethod
+    def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
+        """The request ended (or was preempted): keep what is worth keeping, free the rest
+        of its pages (`DualPool.free_seq`) and drop its protection."""
+
+    @abstractmethod
+    def make_room(self, full: int, swa: int) -> None:
+        """Evict until `full` / `swa` pages are free, or nothing evictable is left."""
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        ...
