@@ -51,13 +51,16 @@ def engine_config(model: str, **opts: Any) -> EngineConfig:
 
 class LLM:
     def __init__(self, model: str = "gemma-3-270m", progress: bool = True, *,
-                 loaded=None, decode_step=None, prefix_match=None, **opts: Any):
+                 loaded=None, decode_step=None, prefix_match=None, prefill_step=None,
+                 **opts: Any):
         """`model`: a built-in name, a .gguf file or a Hugging Face directory. `loaded`: an
         already loaded `registry.LoadedModel` (tiny test models built in code).
-        `decode_step` (a `mimo.engine.decode_step.DecodeStep`) and `prefix_match` (pools ->
-        a `mimo.kvcache.prefix_match.PrefixMatch`) replace those steps of the engine loop."""
+        `decode_step` (a `mimo.engine.decode_step.DecodeStep`), `prefill_step` (a
+        `mimo.engine.prefill_step.PrefillStep`) and `prefix_match` (pools -> a
+        `mimo.kvcache.prefix_match.PrefixMatch`) replace those steps of the engine loop."""
         self.engine = LLMEngine(engine_config(model, **opts), loaded=loaded, progress=progress,
-                                decode_step=decode_step, prefix_match=prefix_match)
+                                decode_step=decode_step, prefix_match=prefix_match,
+                                prefill_step=prefill_step)
         self.tokenizer = self.engine.tokenizer
 
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:

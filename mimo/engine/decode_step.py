@@ -1,9 +1,10 @@
 """The decode step of the engine loop, as a pluggable object.
 
 Each engine iteration is: prefix match (at admission, `kvcache.prefix_match.PrefixMatch`),
-prefill chunks and decode tokens planned by the scheduler, then one forward for all of them,
-run and turned into tokens by the `DecodeStep`. Swapping the decode step (plain sampling,
-speculative verification, anything else) touches neither the scheduler nor prefix matching:
+prefill chunks (sized by `engine.prefill_step.PrefillStep`) and decode tokens scheduled
+together, then one forward for all of them, run and turned into tokens by the `DecodeStep`.
+Swapping the decode step (plain sampling, speculative verification, anything else) touches
+neither the scheduler nor the other two steps:
 
     propose(running) -> {seq: draft tokens} | None   # before scheduling: tokens to verify
     execute(runner, head, chunks) -> [[tokens]]      # one forward; tokens per sampled chunk

@@ -14,6 +14,7 @@ from ..kvcache.layout import KVLayout, plan_pages
 from ..models import registry
 from ..kvcache.prefix_match import PrefixMatch
 from .decode_step import DecodeStep, PlainDecode
+from .prefill_step import PrefillStep
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import Scheduler
@@ -29,11 +30,13 @@ class RequestError(ValueError):
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: registry.LoadedModel | None = None,
                  progress: bool = True, decode_step: DecodeStep | None = None,
-                 prefix_match: Callable[[DualPool], PrefixMatch] | None = None):
+                 prefix_match: Callable[[DualPool], PrefixMatch] | None = None,
+                 prefill_step: PrefillStep | None = None):
         """`decode_step`: replaces the loop's decode step (default: plain sampling, or
         speculative decoding when `config.spec` asks for it). `prefix_match`: builds the
         prefix cache from the engine's pools (default: the SWA-aware radix tree when
-        `config.cache.prefix_cache`)."""
+        `config.cache.prefix_cache`). `prefill_step`: plans prefill chunks (default:
+        chunked prefill up to the step's token budget)."""
         self.config = config
         rt = config.runtime
         if rt.num_threads:
@@ -69,7 +72,7 @@ class LLMEngine:
         if self.decode.num_draft:
             self.spec = self.decode
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
-                                   num_draft=self.decode.num_draft)
+                                   num_draft=self.decode.num_draft, prefill=prefill_step)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
         self._ids = itertools.count()

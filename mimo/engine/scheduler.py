@@ -32,6 +32,7 @@ from ..config import SchedulerConfig
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import swa_steady_pages, swa_transient_pages
 from .policy import WaitingPolicy, make_policy
+from .prefill_step import PrefillStep
 from .sequence import NO_CACHE, Sequence, Status
 
 
@@ -50,11 +51,13 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0,
+                 prefill: PrefillStep | None = None):
         self.cfg = cfg
         self.num_draft = num_draft
         self.pool = pool
-        self.cache = cache          # PrefixCache or None
+        self.cache = cache          # a PrefixMatch (kvcache/prefix_match.py) or None
+        self.prefill = prefill or PrefillStep()
         opts = {}
         if cfg.policy == "compute-aware":
             # Uncached tokens as the prefix cache stands when the request arrives.
@@ -141,7 +144,7 @@ class Scheduler:
                 budget -= 1 + len(d)
         for seq in self.running:
             if seq.in_prefill and budget > 0:
-                n = self._fit(seq, min(seq.prefill_end - seq.num_computed, budget))
+                n = self._prefill_tokens(seq, budget)
                 if n:
                     out.append(self._chunk(seq, n))
                     budget -= n
@@ -183,22 +186,27 @@ class Scheduler:
                 seq.cached_tokens = cached
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = self._fit(seq, min(seq.prefill_end - seq.num_computed, budget))
+            n = self._prefill_tokens(seq, budget)
             if n:
                 out.append(self._chunk(seq, n))
                 budget -= n
         return out
 
-    def _fit(self, seq: Sequence, n: int) -> int:
-        """Shrink a prefill chunk to the pages free right now (an earlier chunk of this step
-        may have used the transient SWA headroom); 0 means wait for the next step."""
+    def _prefill_tokens(self, seq: Sequence, budget: int) -> int:
+        """This step's prefill chunk for `seq`, from the prefill step, within the pages free
+        right now (an earlier chunk of this step may have used the transient SWA headroom);
+        0 means wait for the next step."""
         P = self.pool.page_size
         fa, sa = self.pool.full.allocator, self.pool.swa.allocator
         free = fa.num_free + (fa.num_evictable if self.cache is not None else 0)
         if self.pool.hybrid:
             free = min(free, sa.num_free + (sa.num_evictable if self.cache is not None else 0))
-        limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
-        return max(0, min(n, limit))
+        room = (len(seq.kv.full_pages) + free) * P - seq.num_computed
+        remaining = seq.prefill_end - seq.num_computed
+        n = self.prefill.plan(seq, remaining, budget, max(0, room))
+        if not 0 <= n <= min(remaining, budget, max(0, room)):
+            raise ValueError(f"prefill step planned {n} tokens; allowed 0..{min(remaining, budget, room)}")
+        return n
 
     def _room(self, seq: Sequence, n: int) -> bool:
         """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages."""

@@ -7,6 +7,7 @@ import torch
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import DecodeStep
+from mimo.engine.prefill_step import PrefillStep
 from mimo.kvcache.prefix_cache import PrefixCache
 
 OPTS = dict(dtype="float32", kv_cache_memory="4MiB", page_size=8, max_num_batched_tokens=32,
@@ -69,4 +70,25 @@ def test_a_different_prefix_match_plugs_into_the_scheduler(loaded):
     assert llm.engine.scheduler.cache is cache and cache.admits >= 6
     assert [a.token_ids for a in again] == [f.token_ids for f in first]
     assert all(a.cached_tokens > 0 for a in again)
+    llm.engine.check_integrity()
+
+
+class SmallChunks(PrefillStep):
+    """At most 7 prompt tokens per request per step."""
+    def __init__(self):
+        self.largest = 0
+
+    def plan(self, seq, remaining, budget, room):
+        n = min(7, super().plan(seq, remaining, budget, room))
+        self.largest = max(self.largest, n)
+        return n
+
+
+def test_a_different_prefill_step_changes_chunking_not_tokens(loaded):
+    want = LLM("tiny", loaded=loaded, **OPTS).generate(prompts(), GREEDY)
+    step = SmallChunks()
+    llm = LLM("tiny", loaded=loaded, prefill_step=step, **OPTS)
+    got = llm.generate(prompts(), GREEDY)
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert step.largest == 7
     llm.engine.check_integrity()
