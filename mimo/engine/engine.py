@@ -52,15 +52,17 @@ class LLMEngine:
         if cc.prefix_cache:
             from ..kvcache.prefix_cache import PrefixCache
             self.cache = PrefixCache(self.pool, cc.retention)
+        self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
+                                  rt.device)
         self.spec = None
         if config.spec.enabled:
             from ..spec import make_drafter
             from ..spec.decoder import SpecDecoder
-            self.spec = SpecDecoder(make_drafter(config.spec, mc), config.spec.num_draft_tokens)
+            self.spec = SpecDecoder(make_drafter(config.spec, mc, self.model, self.runner),
+                                    config.spec.num_draft_tokens)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
-                                   num_draft=self.spec.k if self.spec else 0)
-        self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
-                                  rt.device)
+                                   num_draft=self.spec.k if self.spec else 0,
+                                   swa_lag=self.spec.drafter.swa_lag if self.spec else 0)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(

@@ -21,7 +21,9 @@ step can emit fits in max_tokens, hence the full reservation is unchanged; the s
 reservation grows to window + num_draft (a verify chunk holds the window behind its last
 token plus the drafts). After verification `commit` keeps the accepted positions' KV and
 frees the pages past them; SWA release only follows the accepted length, so a rollback never
-needs SWA KV that was already released.
+needs SWA KV that was already released. A drafter with its own SWA-kind layers (MTP) reads
+their KV up to `swa_lag` positions behind the computed length: release trails by that much and
+the steady SWA reservation grows by it.
 """
 from __future__ import annotations
 
@@ -50,9 +52,11 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0,
+                 swa_lag: int = 0):
         self.cfg = cfg
         self.num_draft = num_draft
+        self.swa_lag = swa_lag
         self.pool = pool
         self.cache = cache          # PrefixCache or None
         opts = {}
@@ -86,7 +90,7 @@ class Scheduler:
         else:
             full = _cdiv(min(seq.prefill_end + 1, seq.max_len), P)
         # A verify chunk holds the window behind its last token plus the drafts.
-        swa = (swa_steady_pages(self.pool.window + self.num_draft, P, seq.max_len)
+        swa = (swa_steady_pages(self.pool.window + self.num_draft + self.swa_lag, P, seq.max_len)
                if self.pool.hybrid else 0)
         if kv is not None and self.pool.hybrid:
             swa += len(kv.keep_swa)
@@ -258,7 +262,7 @@ class Scheduler:
             if (self._cached(seq) and seq.finish_reason is None
                     and c.start < seq.prefill_end):
                 self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
-            self.pool.release_window(seq.kv, seq.num_computed)
+            self.pool.release_window(seq.kv, max(0, seq.num_computed - self.swa_lag))
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 

@@ -20,7 +20,9 @@ from .stats import SpecStats
 class SpecDecoder:
     def __init__(self, drafter: Drafter, num_draft_tokens: int):
         self.drafter = drafter
-        self.k = num_draft_tokens
+        # A drafter may cap the drafts per step (MTP: one per layer); more are clamped, not refused.
+        cap = getattr(drafter, "max_draft", None)
+        self.k = num_draft_tokens if cap is None else min(num_draft_tokens, cap)
         self.totals = SpecStats()          # every request's steps, summed (metrics)
         self._rows: dict[int, tuple[int, int]] = {}   # id(chunk) -> (first verify row, drafts accepted)
         self._hidden: torch.Tensor | None = None

@@ -38,6 +38,10 @@ class Drafter(ABC):
     # True: drafts are sampled from a distribution q and `draft_probs` returns it; False:
     # drafts are deterministic (q is a point mass on the proposed token).
     has_probs: bool = False
+    # Most drafts it can make per step (None: any number); the engine clamps to it.
+    max_draft: int | None = None
+    # Positions behind the computed length whose SWA-pool KV it still reads (its own layers).
+    swa_lag: int = 0
 
     @abstractmethod
     def propose(self, seqs: list, k: int) -> list[list[int]]:
