@@ -1,4 +1,4 @@
-"""The interface every draft proposer implements (n-gram lookup now, MTP heads later).
+"""The interface every draft proposer implements (n-gram lookup, MTP layers).
 
 Contract, in the order the engine calls the hooks for one request:
 
