@@ -168,3 +168,31 @@ def test_draft_count_is_clamped_to_mtp_layers(hf_model):
     mc = dataclasses.replace(llm.engine.model_config, num_mtp_layers=0)
     with pytest.raises(ConfigError, match="needs a model with MTP"):
         make_drafter(SpecConfig(speculative="mtp"), mc)
+
+
+def test_drafting_after_a_prefix_cache_hit_waits_for_exact_kv(hf_model):
+    """A cache hit at s leaves no hidden states for [0, s): drafts start only once the chain
+    reads KV computed for this request (layer j's output exact from s + (j + 1)(window - 1)),
+    and immediately without a hit. Both runs give the same tokens."""
+    llm = LLM("tiny", loaded=_loaded(hf_model), speculative="mtp", **OPTS)
+    drafter, W = llm.engine.spec.drafter, llm.engine.runner.window
+    log = []
+    propose = drafter.propose
+
+    def spy(seqs, k):
+        out = propose(seqs, k)
+        log.extend((s.num_computed, len(d)) for s, d in zip(seqs, out))
+        return out
+    drafter.propose = spy
+    prompt = _prompts(2, 7)[1] + list(range(40, 60))
+    params = [SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)]
+    first = _step_all(llm, [prompt], params)[0]
+    assert first.cached_tokens == 0 and log[0] == (len(prompt), K)
+    log.clear()
+    again = _step_all(llm, [prompt], params)[0]
+    s = again.cached_tokens
+    assert s > 0 and again.output_ids == first.output_ids
+    for m, n in log:
+        want = sum(m - j >= s + (j + 1) * (W - 1) for j in range(K))
+        assert n == want, (m, n, s)
+    assert log[0][1] < K and log[-1][1] == K
