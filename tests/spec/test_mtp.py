@@ -196,3 +196,18 @@ def test_drafting_after_a_prefix_cache_hit_waits_for_exact_kv(hf_model):
         want = sum(m - j >= s + (j + 1) * (W - 1) for j in range(K))
         assert n == want, (m, n, s)
     assert log[0][1] < K and log[-1][1] == K
+
+
+def test_sampled_path_with_top_k_1_equals_plain_decoding(hf_model):
+    """Sampled requests verify MTP drafts by rejection sampling (the drafts are point
+    masses). With top_k=1 the target's distribution is a point mass too, so the result is
+    deterministic and must equal plain decoding while drafts get accepted."""
+    loaded = _loaded(hf_model, two_token_head=True)
+    params = [SamplingParams(temperature=0.8, top_k=1, max_tokens=12, ignore_eos=True,
+                             seed=i) for i in range(4)]
+    prompts = _prompts(4, 3)
+    want = _step_all(LLM("tiny", loaded=loaded, **OPTS), prompts, params)
+    on = LLM("tiny", loaded=loaded, speculative="mtp", **OPTS)
+    got = _step_all(on, prompts, params)
+    assert [g.output_ids for g in got] == [w.output_ids for w in want]
+    assert sum(on.engine.spec.totals.accepted) > 0
