@@ -159,6 +159,8 @@ class LLMEngine:
                     break
             if spec:
                 spec.settle(c, emitted)
+        if spec:
+            spec.end_step()
         self.scheduler.commit(chunks)
         if spec:
             for c in chunks:

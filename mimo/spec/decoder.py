@@ -97,5 +97,9 @@ class SpecDecoder:
             hidden = self._hidden[r:r + len(emitted)]
         self.drafter.on_verified(seq, chunk.start, list(emitted), hidden)
 
+    def end_step(self) -> None:
+        """Every chunk is settled; the scheduler commits next."""
+        self.drafter.on_step_end()
+
     def finished(self, seq) -> None:
         self.drafter.on_finished(seq)

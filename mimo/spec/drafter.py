@@ -20,6 +20,9 @@ Contract, in the order the engine calls the hooks for one request:
       computed past them must be treated as rolled back. `hidden`: the target's final
       hidden states of those kept positions [len(accepted), hidden_size] (needs_hidden),
       else None.
+  on_step_end()
+      once per engine step after every chunk's on_prefill / on_verified and before the
+      scheduler commits (SWA window release, rollback): work batched over the step's requests.
   on_finished(seq)
       exactly once per request that reached the engine, whatever ended it (stop, length,
       abort, error): free per-request state (an MTP drafter's KV pages).
@@ -55,6 +58,9 @@ class Drafter(ABC):
         pass
 
     def on_verified(self, seq, start: int, accepted: list[int], hidden) -> None:
+        pass
+
+    def on_step_end(self) -> None:
         pass
 
     def on_finished(self, seq) -> None:

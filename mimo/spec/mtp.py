@@ -9,8 +9,9 @@ Per request and layer k we keep a frontier `valid[k]`: layer k's KV of positions
 plain forward over the sequence gives), and `pend[k]`, the h_{k-1} rows of positions from
 `valid[k]` on that wait for their token p + k + 1. With M computed positions and M + 1 known
 tokens, layer k can run up to position M - k - 1, so it trails the target by k positions.
-That work runs in prefill (`on_prefill`: the MiMo-V2.5 report's point, drafts are good from
-output token 0), after each verification (`on_verified`: the accepted tokens) and before a
+That work runs at the end of every step that gave a request hidden states (prefill chunks:
+the MiMo-V2.5 report's point, drafts are good from output token 0; verifications: the
+accepted tokens), batched over the step's requests (`on_step_end`), and before a
 proposal (`propose`: the position before the token the prefill's last chunk sampled).
 
 A proposal from position M - 1: d1 = head(h_0(M - 1)); layer k then runs over positions
@@ -69,6 +70,7 @@ class MTPDrafter(Drafter):
         self._empty = torch.empty(0, model.cfg.hidden_size, dtype=runner.mask_dtype,
                                   device=runner.device)
         self._states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._todo: list = []            # (seq, state) given hidden states this step
 
     # ---- engine hooks ---------------------------------------------------------------------
     def on_prefill(self, seq, start: int, n: int, hidden) -> None:
@@ -76,17 +78,21 @@ class MTPDrafter(Drafter):
         if st is None or st.kv is not seq.kv or start == 0:
             st = self._states[seq] = _State(seq.kv, start, self.K, self._empty)
         self._take_hidden(st, start, hidden)
-        self._advance([(seq, st)])
+        self._todo.append((seq, st))
 
     def on_verified(self, seq, start: int, accepted: list[int], hidden) -> None:
         st = self._states.get(seq)
         if st is None or hidden is None:
             return
         self._take_hidden(st, start, hidden)
-        # Now, before the scheduler's commit releases SWA behind the new length: layer k
-        # restarts at start - k, up to K + 1 + k positions behind it.
-        if seq.finish_reason is None:
-            self._advance([(seq, st)])
+        self._todo.append((seq, st))
+
+    def on_step_end(self) -> None:
+        # Before the scheduler's commit releases SWA behind the new lengths (layer k restarts
+        # at start - k, up to K + 1 + k positions behind the new length); one forward per
+        # layer for all the step's requests. A request that just finished needs no more.
+        todo, self._todo = self._todo, []
+        self._advance([(s, st) for s, st in todo if s.finish_reason is None])
 
     def on_finished(self, seq) -> None:
         self._states.pop(seq, None)

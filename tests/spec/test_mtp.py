@@ -127,8 +127,9 @@ def test_mtp_kv_equals_plain_forward(hf_model):
     seq = _step_all(llm, [prompt], [SamplingParams(temperature=0, max_tokens=20,
                                                     ignore_eos=True)])[0]
     ids = seq.all_ids
-    # Prefill alone made layer k's KV for every prompt position whose token p + k + 1 it knew.
-    assert prefill_done == [len(prompt) - 1 - k for k in range(K)]
+    # Prefill alone made layer k's KV for every prompt position whose token p + k + 1 it
+    # knew: the prompt's and the one its last chunk sampled.
+    assert prefill_done == [len(prompt) - k for k in range(K)]
     M = len(ids) - K
     with torch.no_grad():
         h = hf_model.model(torch.tensor([ids])).last_hidden_state[0, :M]
