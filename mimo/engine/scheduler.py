@@ -133,12 +133,21 @@ class Scheduler:
             self._preempt_for_decode()
         # Every decode gets its own token before any draft: drafts share what is left.
         spare = budget - sum(not s.in_prefill for s in self.running)
+        # Pages the decodes not yet scheduled need for their own token: drafts never take
+        # them (with optimistic admission the pool may hold exactly that much).
+        own = {id(s): self.pool.pages_to_grow(s.kv, s.num_computed + 1)
+               for s in self.running if not s.in_prefill} if drafts else {}
+        later = [sum(f for f, _ in own.values()), sum(w for _, w in own.values())]
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
                 d = drafts.get(seq, []) if drafts else []
                 # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
                 d = d[:max(0, min(self.num_draft, spare, seq.max_len - seq.num_tokens - 1))]
-                while d and not self._room(seq, 1 + len(d)):
+                if own:
+                    f, w = own[id(seq)]
+                    later[0] -= f
+                    later[1] -= w
+                while d and not self._room(seq, 1 + len(d), later):
                     d = d[:-1]
                 spare -= len(d)
                 out.append(self._chunk(seq, 1 + len(d), d))
@@ -204,13 +213,14 @@ class Scheduler:
         limit = (len(seq.kv.full_pages) + free) * P - seq.num_computed
         return max(0, min(n, limit))
 
-    def _room(self, seq: Sequence, n: int) -> bool:
-        """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages."""
+    def _room(self, seq: Sequence, n: int, reserve=(0, 0)) -> bool:
+        """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages, less
+        `reserve` (full, swa) pages kept for others."""
         f, w = self.pool.pages_to_grow(seq.kv, seq.num_computed + n)
         fa, sa = self.pool.full.allocator, self.pool.swa.allocator
         ev = self.cache is not None
-        return (f <= fa.num_free + (fa.num_evictable if ev else 0)
-                and w <= sa.num_free + (sa.num_evictable if ev else 0))
+        return (f + reserve[0] <= fa.num_free + (fa.num_evictable if ev else 0)
+                and w + reserve[1] <= sa.num_free + (sa.num_evictable if ev else 0))
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         start = seq.num_computed

@@ -212,3 +212,20 @@ def test_sampled_path_with_top_k_1_equals_plain_decoding(hf_model):
     got = _step_all(on, prompts, params)
     assert [g.output_ids for g in got] == [w.output_ids for w in want]
     assert sum(on.engine.spec.totals.accepted) > 0
+
+
+def test_preempted_requests_resume_with_identical_tokens(hf_model):
+    """Optimistic admission in a tight pool: a request is preempted, re-prefilled (its MTP
+    state rebuilt for the new pages), and every output equals plain decoding in a roomy
+    pool. MTP drafts every step, so drafts must never take the pages other decodes need
+    for their own token (a crash with OutOfPages before the scheduler reserved them)."""
+    loaded = _loaded(hf_model, two_token_head=True)
+    prompts = _prompts(6, 9)
+    params = [SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)] * 6
+    want = _step_all(LLM("tiny", loaded=loaded, **OPTS), prompts, params)
+    tight = dict(OPTS, kv_cache_memory="200KiB")
+    llm = LLM("tiny", loaded=loaded, speculative="mtp", admission="optimistic", swa_share=0.75,
+              **tight)
+    got = _step_all(llm, prompts, params)
+    assert sum(g.preemptions for g in got) > 0
+    assert [g.output_ids for g in got] == [w.output_ids for w in want]
