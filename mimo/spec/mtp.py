@@ -30,7 +30,9 @@ states for [0, s): the MTP KV in the cached SWA pages is not trusted. K/V of a r
 on that row's inputs, so layer 0's KV is exact from s on, its outputs from s + window - 1 on,
 layer k's outputs from s + (k + 1)(window - 1) on. The drafter proposes only drafts whose
 whole chain is exact by that bound (fewer, or none, right after a hit); greedy output is
-unaffected either way, since the target verifies every draft.
+unaffected either way, since the target verifies every draft. (The trailing teacher-forced
+pass may write MTP KV into prompt pages the prefix cache already shares; only MTP slots, which
+no other request trusts, and never the target's.)
 """
 from __future__ import annotations
 
