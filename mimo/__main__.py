@@ -52,7 +52,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding: ngram (prompt lookup, any model) or mtp (the "
                         "model's MTP layers); default off")
     g.add_argument("--num-draft-tokens", type=int, default=4,
-                   help="draft tokens verified per decoding request and step")
+                   help="draft tokens verified per decoding request and step (mtp: "
+                        "clamped to the model's MTP layer count)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu")
 

@@ -294,7 +294,8 @@ class SpecConfig:
     """Speculative decoding. `speculative`: None (off), 'ngram' (prompt lookup: any model) or
     'mtp' (the model's multi-token-prediction layers; refused for a model without them).
     Each decoding request gets up to `num_draft_tokens` drafts per step, verified by the
-    target in the same forward. The n-gram drafter matches the last n tokens, n from
+    target in the same forward (mtp: clamped to the model's MTP layer count, one draft per
+    layer, rather than refused, so the default works for any MTP model). The n-gram drafter matches the last n tokens, n from
     `ngram_max` down to `ngram_min`, against the request's earlier tokens."""
     speculative: str | None = None
     num_draft_tokens: int = 4

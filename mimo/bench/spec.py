@@ -6,9 +6,14 @@ that looks the continuation up in the prompt should shine. Both engines share th
 and get the same prompts, greedy, exactly --max-tokens tokens each (ignore_eos); the runs
 alternate (off, on, on, off, ...) for --reps repetitions so machine load hits both alike.
 
+`--shape mimo-v2-flash-tiny` runs a random-weight tiny MiMo-V2-Flash (with MTP layers, so
+`--drafter mtp` works) instead of --model: its acceptance is low (random weights); it shows
+the machinery and the drafter's overhead per step.
+
 Reported: decode tokens/s (tokens after the first / time after the first token) off and on,
 the speedup (of the mean rates, and the median of the per-repetition ratios), mean
-acceptance length (tokens per verify step), acceptance per draft position,
+acceptance length (tokens per verify step), acceptance per draft position, mean wall time
+per decode step off and on (`step_ms_*`),
 `lossless` (every output token-identical with speculation on and off), and `copy_fraction`
 (share of output 8-grams found in the prompt: the workload really copies). One JSON line last;
 progress on stderr.
@@ -71,41 +76,56 @@ def copy_fraction(prompt: list[int], output: list[int], n: int = 8) -> float:
     return sum(g in grams for g in outs) / len(outs) if outs else 0.0
 
 
-def _run(llm, prompts: list[list[int]], params, streams: int) -> tuple[float, list, list]:
-    """Decode every prompt, `streams` at a time. Returns (decode tokens/s, outputs, stats)."""
+def _run(llm, prompts: list[list[int]], params, streams: int
+         ) -> tuple[float, float, list, list]:
+    """Decode every prompt, `streams` at a time. Returns (decode tokens/s, seconds per decode
+    step, outputs, stats)."""
     eng = llm.engine
     tokens = secs = 0.0
+    steps = 0
     outs, stats = [], []
     for i in range(0, len(prompts), streams):
         seqs = [eng.add_request(p, params) for p in prompts[i:i + streams]]
         t_first = None
         while eng.has_work():
             eng.step()
-            if t_first is None and all(s.output_ids for s in seqs):
+            if t_first is not None:
+                steps += 1
+            elif all(s.output_ids for s in seqs):
                 t_first = time.perf_counter()
         secs += time.perf_counter() - t_first
         tokens += sum(len(s.output_ids) - 1 for s in seqs)
         outs += [list(s.output_ids) for s in seqs]
         stats += [s.spec_stats for s in seqs]
     eng.check_integrity()
-    return tokens / secs, outs, stats
+    return tokens / secs, secs / max(steps, 1), outs, stats
+
+
+def _load(args):
+    """(model argument for LLM, loaded weights): --model, or a random-weight --shape written
+    to a temporary checkpoint (the tiny MiMo-V2-Flash has MTP layers)."""
+    from ..models import registry
+    if args.shape is None:
+        return args.model, registry.load(args.model, progress=False)
+    import atexit
+    import shutil
+    import tempfile
+    from ..models import make_tiny
+    d = tempfile.mkdtemp(prefix="mimo-bench-spec-")
+    atexit.register(shutil.rmtree, d, True)
+    make_tiny.write(args.shape.removesuffix("-tiny").replace("-", "_"), d, seed=0)
+    return d, registry.load(d, progress=False)
 
 
 def run(args) -> int:
-    if args.shape is not None or args.drafter == "mtp":
-        print(f"error: --drafter mtp / --shape {args.shape or ''} are not available yet: the "
-              f"MTP drafter has not been integrated (use --drafter ngram with --model)",
-              file=sys.stderr)
-        return 2
     from .. import LLM, SamplingParams
-    from ..models import registry
     from ..spec.stats import SpecStats
-    loaded = registry.load(args.model, progress=False)
+    model, loaded = _load(args)
     common = dict(progress=False, loaded=loaded, dtype=args.dtype, quantize=args.quantize,
                   num_threads=args.threads, max_num_seqs=max(1, args.streams),
                   kv_cache_memory=args.kv_cache_memory)
-    llms = {"off": LLM(args.model, **common),
-            "on": LLM(args.model, speculative=args.drafter,
+    llms = {"off": LLM(model, **common),
+            "on": LLM(model, speculative=args.drafter,
                       num_draft_tokens=args.num_draft_tokens, **common)}
     tok = llms["off"].tokenizer
     prompts = [tok.encode(t) for t in copy_prompts(max(args.streams, args.prompts))]
@@ -114,13 +134,15 @@ def run(args) -> int:
     for llm in llms.values():
         llm.generate({"prompt_token_ids": prompts[0][:32]}, warm)
     tps = {"off": [], "on": []}
+    step_s = {"off": [], "on": []}
     outputs: dict[str, list] = {}
     lossless = True
     total = SpecStats()
     for rep in range(args.reps):
         for mode in (("off", "on") if rep % 2 == 0 else ("on", "off")):
-            rate, outs, stats = _run(llms[mode], prompts, params, max(1, args.streams))
+            rate, per_step, outs, stats = _run(llms[mode], prompts, params, max(1, args.streams))
             tps[mode].append(rate)
+            step_s[mode].append(per_step)
             if mode == "on":
                 for s in stats:
                     total.add(s)
@@ -132,16 +154,21 @@ def run(args) -> int:
     pairs = sorted(b / a for a, b in zip(tps["off"], tps["on"]))
     median = (pairs[(len(pairs) - 1) // 2] + pairs[len(pairs) // 2]) / 2
     copy = sum(copy_fraction(p, o) for p, o in zip(prompts, outputs["ref"])) / len(prompts)
-    res = {"bench": NAME, "model": args.model, "drafter": args.drafter,
+    step_ms = {m: 1000 * sum(v) / len(v) for m, v in step_s.items()}
+    res = {"bench": NAME, "model": args.shape or args.model, "drafter": args.drafter,
            "workload": args.workload, "num_draft_tokens": args.num_draft_tokens,
            "prompts": len(prompts), "streams": args.streams, "max_tokens": args.max_tokens,
            "reps": args.reps, "threads": args.threads, "dtype": args.dtype,
            "decode_tps_off": round(off, 2), "decode_tps_on": round(on, 2),
            "speedup": round(on / off, 3), "speedup_median_of_pairs": round(median, 3),
            "speedup_per_rep": [round(x, 3) for x in pairs],
+           "step_ms_off": round(step_ms["off"], 3), "step_ms_on": round(step_ms["on"], 3),
+           "num_draft_tokens_used": llms["on"].engine.spec.k,
            "mean_acceptance_length": round(total.mean_acceptance_length, 3),
            "acceptance_rate_by_position": [round(r, 3) for r in total.position_rate],
            "lossless": lossless, "copy_fraction": round(copy, 3)}
+    _log(f"per decode step: off {step_ms['off']:.1f} ms, on {step_ms['on']:.1f} ms "
+         f"({llms['on'].engine.spec.k} drafts/step)")
     _log(f"off {off:.2f} tok/s, on {on:.2f} tok/s, speedup {on / off:.2f}x, mean acceptance "
          f"length {total.mean_acceptance_length:.2f}, lossless {lossless}, copy {copy:.2f}")
     print(json.dumps(res), flush=True)

@@ -10,10 +10,12 @@ neither the scheduler nor the other two steps:
     execute(runner, head, chunks) -> [[tokens]]      # one forward; tokens per sampled chunk
     settle(chunk, emitted)                           # what was appended (cut at a stop);
                                                      # set chunk.kept to roll back KV
+    end_step()                                       # after every settle of a step
     finished(seq)                                    # the request is gone
 
 `num_draft` tells the scheduler how many extra tokens a decode chunk may carry (it reserves
-SWA for them). The engine appends tokens up to a stop, then commits the step.
+SWA for them); `swa_lag`, how many positions behind the computed length SWA release must
+trail (a drafter with its own KV that lags the target, like MTP). The engine appends tokens up to a stop, then commits the step.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from ..gpu.sampling import sample
 
 class DecodeStep(ABC):
     num_draft: int = 0
+    swa_lag: int = 0
 
     def propose(self, running: list) -> dict | None:
         return None
@@ -34,6 +37,9 @@ class DecodeStep(ABC):
         `sample` set, in order."""
 
     def settle(self, chunk, emitted: list[int]) -> None:
+        pass
+
+    def end_step(self) -> None:
         pass
 
     def finished(self, seq) -> None:

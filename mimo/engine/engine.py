@@ -62,19 +62,20 @@ class LLMEngine:
         if self.cache is None and cc.prefix_cache:
             from ..kvcache.prefix_cache import PrefixCache
             self.cache = PrefixCache(self.pool, cc.retention)
+        self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
+                                  rt.device)
         self.spec = None            # the speculative decoder, when there is one (its stats)
         if decode_step is None and config.spec.enabled:
             from ..spec import make_drafter
             from ..spec.decoder import SpecDecoder
-            decode_step = SpecDecoder(make_drafter(config.spec, mc),
+            decode_step = SpecDecoder(make_drafter(config.spec, mc, self.model, self.runner),
                                       config.spec.num_draft_tokens)
         self.decode = decode_step or PlainDecode()
         if self.decode.num_draft:
             self.spec = self.decode
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
-                                   num_draft=self.decode.num_draft, prefill=prefill_step)
-        self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
-                                  rt.device)
+                                   num_draft=self.decode.num_draft, swa_lag=self.decode.swa_lag,
+                                   prefill=prefill_step)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(
@@ -164,6 +165,7 @@ class LLMEngine:
                 if c.seq.finish_reason is not None:
                     break
             dec.settle(c, emitted)
+        dec.end_step()
         self.scheduler.commit(chunks)
         for c in chunks:
             if c.seq.finish_reason is not None:

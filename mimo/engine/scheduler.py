@@ -21,7 +21,9 @@ step can emit fits in max_tokens, hence the full reservation is unchanged; the s
 reservation grows to window + num_draft (a verify chunk holds the window behind its last
 token plus the drafts). After verification `commit` keeps the accepted positions' KV and
 frees the pages past them; SWA release only follows the accepted length, so a rollback never
-needs SWA KV that was already released.
+needs SWA KV that was already released. A drafter with its own SWA-kind layers (MTP) reads
+their KV up to `swa_lag` positions behind the computed length: release trails by that much and
+the steady SWA reservation grows by it.
 """
 from __future__ import annotations
 
@@ -52,9 +54,10 @@ def _cdiv(a: int, b: int) -> int:
 
 class Scheduler:
     def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0,
-                 prefill: PrefillStep | None = None):
+                 swa_lag: int = 0, prefill: PrefillStep | None = None):
         self.cfg = cfg
         self.num_draft = num_draft
+        self.swa_lag = swa_lag
         self.pool = pool
         self.cache = cache          # a PrefixMatch (kvcache/prefix_match.py) or None
         self.prefill = prefill or PrefillStep()
@@ -89,7 +92,7 @@ class Scheduler:
         else:
             full = _cdiv(min(seq.prefill_end + 1, seq.max_len), P)
         # A verify chunk holds the window behind its last token plus the drafts.
-        swa = (swa_steady_pages(self.pool.window + self.num_draft, P, seq.max_len)
+        swa = (swa_steady_pages(self.pool.window + self.num_draft + self.swa_lag, P, seq.max_len)
                if self.pool.hybrid else 0)
         if kv is not None and self.pool.hybrid:
             swa += len(kv.keep_swa)
@@ -132,12 +135,21 @@ class Scheduler:
             self._preempt_for_decode()
         # Every decode gets its own token before any draft: drafts share what is left.
         spare = budget - sum(not s.in_prefill for s in self.running)
+        # Pages the decodes not yet scheduled need for their own token: drafts never take
+        # them (with optimistic admission the pool may hold exactly that much).
+        own = {id(s): self.pool.pages_to_grow(s.kv, s.num_computed + 1)
+               for s in self.running if not s.in_prefill} if drafts else {}
+        later = [sum(f for f, _ in own.values()), sum(w for _, w in own.values())]
         for seq in self.running:
             if not seq.in_prefill and budget > 0:
                 d = drafts.get(seq, []) if drafts else []
                 # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
                 d = d[:max(0, min(self.num_draft, spare, seq.max_len - seq.num_tokens - 1))]
-                while d and not self._room(seq, 1 + len(d)):
+                if own:
+                    f, w = own[id(seq)]
+                    later[0] -= f
+                    later[1] -= w
+                while d and not self._room(seq, 1 + len(d), later):
                     d = d[:-1]
                 spare -= len(d)
                 out.append(self._chunk(seq, 1 + len(d), d))
@@ -208,13 +220,14 @@ class Scheduler:
             raise ValueError(f"prefill step planned {n} tokens; allowed 0..{min(remaining, budget, room)}")
         return n
 
-    def _room(self, seq: Sequence, n: int) -> bool:
-        """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages."""
+    def _room(self, seq: Sequence, n: int, reserve=(0, 0)) -> bool:
+        """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages, less
+        `reserve` (full, swa) pages kept for others."""
         f, w = self.pool.pages_to_grow(seq.kv, seq.num_computed + n)
         fa, sa = self.pool.full.allocator, self.pool.swa.allocator
         ev = self.cache is not None
-        return (f <= fa.num_free + (fa.num_evictable if ev else 0)
-                and w <= sa.num_free + (sa.num_evictable if ev else 0))
+        return (f + reserve[0] <= fa.num_free + (fa.num_evictable if ev else 0)
+                and w + reserve[1] <= sa.num_free + (sa.num_evictable if ev else 0))
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         start = seq.num_computed
@@ -266,7 +279,7 @@ class Scheduler:
             if (self._cached(seq) and seq.finish_reason is None
                     and c.start < seq.prefill_end):
                 self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
-            self.pool.release_window(seq.kv, seq.num_computed)
+            self.pool.release_window(seq.kv, max(0, seq.num_computed - self.swa_lag))
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 

@@ -23,7 +23,11 @@ class SpecDecoder(DecodeStep):
 
     def __init__(self, drafter: Drafter, num_draft_tokens: int):
         self.drafter = drafter
-        self.k = self.num_draft = num_draft_tokens
+        # A drafter may cap the drafts per step (MTP: one per layer); more are clamped, not refused.
+        cap = getattr(drafter, "max_draft", None)
+        self.k = num_draft_tokens if cap is None else min(num_draft_tokens, cap)
+        self.num_draft = self.k
+        self.swa_lag = drafter.swa_lag
         self.totals = SpecStats()          # every request's steps, summed (metrics)
         self._rows: dict[int, tuple[int, int]] = {}   # id(chunk) -> (first verify row, drafts accepted)
         self._hidden: torch.Tensor | None = None
@@ -97,6 +101,10 @@ class SpecDecoder(DecodeStep):
         if self._hidden is not None:
             hidden = self._hidden[r:r + len(emitted)]
         self.drafter.on_verified(seq, chunk.start, list(emitted), hidden)
+
+    def end_step(self) -> None:
+        """Every chunk is settled; the scheduler commits next."""
+        self.drafter.on_step_end()
 
     def finished(self, seq) -> None:
         self.drafter.on_finished(seq)

@@ -1,4 +1,4 @@
-"""The interface every draft proposer implements (n-gram lookup now, MTP heads later).
+"""The interface every draft proposer implements (n-gram lookup, MTP layers).
 
 Contract, in the order the engine calls the hooks for one request:
 
@@ -20,6 +20,9 @@ Contract, in the order the engine calls the hooks for one request:
       computed past them must be treated as rolled back. `hidden`: the target's final
       hidden states of those kept positions [len(accepted), hidden_size] (needs_hidden),
       else None.
+  on_step_end()
+      once per engine step after every chunk's on_prefill / on_verified and before the
+      scheduler commits (SWA window release, rollback): work batched over the step's requests.
   on_finished(seq)
       exactly once per request that reached the engine, whatever ended it (stop, length,
       abort, error): free per-request state (an MTP drafter's KV pages).
@@ -38,6 +41,10 @@ class Drafter(ABC):
     # True: drafts are sampled from a distribution q and `draft_probs` returns it; False:
     # drafts are deterministic (q is a point mass on the proposed token).
     has_probs: bool = False
+    # Most drafts it can make per step (None: any number); the engine clamps to it.
+    max_draft: int | None = None
+    # Positions behind the computed length whose SWA-pool KV it still reads (its own layers).
+    swa_lag: int = 0
 
     @abstractmethod
     def propose(self, seqs: list, k: int) -> list[list[int]]:
@@ -51,6 +58,9 @@ class Drafter(ABC):
         pass
 
     def on_verified(self, seq, start: int, accepted: list[int], hidden) -> None:
+        pass
+
+    def on_step_end(self) -> None:
         pass
 
     def on_finished(self, seq) -> None:

@@ -86,8 +86,15 @@ def test_spec_bench_runs_and_ends_with_one_json_line(tiny_hf_dir):
     assert out["decode_tps_off"] > 0 and out["decode_tps_on"] > 0 and out["speedup"] > 0
     assert out["mean_acceptance_length"] >= 1.0
     assert "[spec]" in r.stderr
-    r = _run("-m", "mimo.bench", "spec", "--shape", "mimo-v2-flash-tiny", "--drafter", "mtp")
-    assert r.returncode == 2 and "not available yet" in r.stderr
+    r = _run("-m", "mimo.bench", "spec", "--shape", "mimo-v2-flash-tiny", "--drafter", "mtp",
+             "--max-tokens", "8", "--prompts", "1", "--reps", "1", "--dtype", "float32",
+             "--kv-cache-memory", "16MiB")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["lossless"] is True and out["model"] == "mimo-v2-flash-tiny"
+    assert out["num_draft_tokens_used"] == 2      # clamped to the tiny model's 2 MTP layers
+    assert out["step_ms_off"] > 0 and out["step_ms_on"] > 0
+    assert out["mean_acceptance_length"] >= 1.0
 
 
 def test_async_engine_streams_every_token_of_a_multi_token_step():

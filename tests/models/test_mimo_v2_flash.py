@@ -4,13 +4,12 @@ weights, refusal of FP8 checkpoints, and the MTP layers (which transformers does
 against a plain forward written here from the checkpoint's weight layout."""
 import dataclasses
 import json
-import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mimo_testing import loaded_from_hf, tiny_mimo_v2_flash_hf
+from mtp_reference import mtp_weights, plain_mtp
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError
 from mimo.engine.scheduler import ScheduledChunk
@@ -202,70 +201,9 @@ def test_bfloat16_agrees_with_transformers_bfloat16(hf_model, quantize):
 K = 2     # MTP layers in the test checkpoint
 
 
-def _mtp_weights(hf, seed=3) -> dict:
-    """Random MTP layers in the hub checkpoint's layout (model.mtp.layers.{k}.*)."""
-    c = hf.config
-    g = torch.Generator().manual_seed(seed)
-    H, hq, hkv, d, dv, inter = c.hidden_size, 4, 2, 24, 16, c.intermediate_size
-    r = lambda *s, std=0.08: torch.randn(*s, generator=g) * std   # noqa: E731
-    one = lambda n: 1.0 + r(n, std=0.3)                           # noqa: E731
-    w = {}
-    for k in range(K):
-        p = f"model.mtp.layers.{k}."
-        w |= {p + "enorm.weight": one(H), p + "hnorm.weight": one(H),
-              p + "eh_proj.weight": r(H, 2 * H), p + "input_layernorm.weight": one(H),
-              p + "pre_mlp_layernorm.weight": one(H), p + "final_layernorm.weight": one(H),
-              p + "self_attn.q_proj.weight": r(hq * d, H), p + "self_attn.k_proj.weight": r(hkv * d, H),
-              p + "self_attn.v_proj.weight": r(hkv * dv, H), p + "self_attn.o_proj.weight": r(H, hq * dv),
-              p + "self_attn.attention_sink_bias": r(hq, std=1.0),
-              p + "mlp.gate_proj.weight": r(inter, H), p + "mlp.up_proj.weight": r(inter, H),
-              p + "mlp.down_proj.weight": r(H, inter)}
-    return w
-
-
-def _norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def _rope(x, pos, theta, rd):
-    """x [heads, T, d]: rotate-half RoPE on the first rd dims only."""
-    inv = 1.0 / theta ** (torch.arange(0, rd, 2).float() / rd)
-    ang = torch.outer(pos.float(), inv)
-    cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
-    xr, xp = x[..., :rd], x[..., rd:]
-    rot = torch.cat([-xr[..., rd // 2:], xr[..., :rd // 2]], -1)
-    return torch.cat([xr * cos + rot * sin, xp], -1)
-
-
-def plain_mtp(w, k, tokens, h_prev, cfg):
-    """MTP layer k over positions 0..T-1, whole sequence at once: SWA attention (window from
-    transformers' config, sinks, partial RoPE, values scaled by 0.707 as vLLM does), dense MLP."""
-    p, eps, T = f"model.mtp.layers.{k}.", cfg.rms_norm_eps, len(tokens)
-    hq, hkv, d, dv = 4, 2, 24, 16
-    rp = cfg.rope_parameters["sliding_attention"]
-    x = torch.cat([_norm(w["model.embed_tokens.weight"][tokens], w[p + "enorm.weight"], eps),
-                   _norm(h_prev, w[p + "hnorm.weight"], eps)], -1) @ w[p + "eh_proj.weight"].T
-    h = _norm(x, w[p + "input_layernorm.weight"], eps)
-    pos = torch.arange(T)
-    q = (h @ w[p + "self_attn.q_proj.weight"].T).view(T, hq, d).transpose(0, 1)
-    kk = (h @ w[p + "self_attn.k_proj.weight"].T).view(T, hkv, d).transpose(0, 1)
-    v = (h @ w[p + "self_attn.v_proj.weight"].T).view(T, hkv, dv).transpose(0, 1) * 0.707
-    rd = int(d * rp["partial_rotary_factor"])
-    q, kk = _rope(q, pos, rp["rope_theta"], rd), _rope(kk, pos, rp["rope_theta"], rd)
-    kk, v = kk.repeat_interleave(hq // hkv, 0), v.repeat_interleave(hq // hkv, 0)
-    allowed = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - cfg.sliding_window)
-    s = ((q @ kk.transpose(-1, -2)) / math.sqrt(d)).masked_fill(~allowed, float("-inf"))
-    sink = w[p + "self_attn.attention_sink_bias"].view(hq, 1, 1).expand(hq, T, 1)
-    a = torch.softmax(torch.cat([s, sink], -1), -1)[..., :-1] @ v
-    x = x + a.transpose(0, 1).reshape(T, hq * dv) @ w[p + "self_attn.o_proj.weight"].T
-    h = _norm(x, w[p + "pre_mlp_layernorm.weight"], eps)
-    m = F.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
-    return _norm(x + m @ w[p + "mlp.down_proj.weight"].T, w[p + "final_layernorm.weight"], eps)
-
-
 @pytest.fixture(scope="module")
 def mtp_setup(hf_model):
-    w = {k: v.detach().clone() for k, v in hf_model.state_dict().items()} | _mtp_weights(hf_model)
+    w = {k: v.detach().clone() for k, v in hf_model.state_dict().items()} | mtp_weights(hf_model, K)
     assert mtp_layers_in(w) == K
     cfg = dataclasses.replace(model_config_from_hf(hf_model.config.to_dict()), num_mtp_layers=K)
     llm = LLM("tiny", loaded=LoadedModel(cfg, w, None, "tiny"), dtype="float32",
