@@ -78,10 +78,10 @@ def test_chat_template_matches_transformers(written):
     assert ours == list(want)
 
 
-def test_mimo_checkpoint_carries_mtp_layers(written):
-    arch, _, _, _, llm = written
-    if arch != "mimo_v2_flash":
-        pytest.skip("MTP layers are MiMo's")
+def test_mimo_checkpoint_carries_mtp_layers(tmp_path):
+    make_tiny.write("mimo_v2_flash", tmp_path, seed=0)
+    llm = LLM(str(tmp_path), dtype="float32", kv_cache_memory="2MiB", page_size=4,
+              progress=False)
     assert llm.engine.model_config.num_mtp_layers == 2
     assert len(llm.engine.model.mtp) == 2
 
