@@ -68,11 +68,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, i: int, w: dict, dtype: torch.dtype):
+    """Pre-norm decoder layer. `attention`: the attention class (Qwen2 adds q/k/v bias)."""
+    def __init__(self, cfg: ModelConfig, i: int, w: dict, dtype: torch.dtype,
+                 attention: type[nn.Module] | None = None):
         super().__init__()
         p = f"model.layers.{i}."
         eps = cfg.rms_norm_eps
-        self.attn = LlamaAttention(cfg, w, p + "self_attn.")
+        self.attn = (attention or LlamaAttention)(cfg, w, p + "self_attn.")
         self.mlp = LlamaMLP(w, p + "mlp.")
         self.input_norm = LlamaRMSNorm(cfg.hidden_size, eps, w[p + "input_layernorm.weight"], dtype)
         self.post_attn_norm = LlamaRMSNorm(cfg.hidden_size, eps,

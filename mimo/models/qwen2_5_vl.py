@@ -21,7 +21,7 @@ from ..config import ModelConfig
 from ..gpu.attention import AttentionBackend
 from .context import ForwardContext
 from .layers import Linear, Rotary
-from .llama import LlamaMLP, LlamaRMSNorm
+from .llama import LlamaLayer, LlamaRMSNorm
 from .lm_head import LMHead
 from .mrope import MRotary
 from .qwen2_5_vl_vision import Qwen2_5_VisionTransformer
@@ -53,22 +53,6 @@ class Qwen2Attention(nn.Module):
         return self.o(o.reshape(T, self.hq * self.dv))
 
 
-class Qwen2Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, i: int, w: dict, dtype: torch.dtype):
-        super().__init__()
-        p = f"model.layers.{i}."
-        eps = cfg.rms_norm_eps
-        self.attn = Qwen2Attention(cfg, w, p + "self_attn.")
-        self.mlp = LlamaMLP(w, p + "mlp.")
-        self.input_norm = LlamaRMSNorm(cfg.hidden_size, eps, w[p + "input_layernorm.weight"], dtype)
-        self.post_attn_norm = LlamaRMSNorm(cfg.hidden_size, eps,
-                                           w[p + "post_attention_layernorm.weight"], dtype)
-
-    def forward(self, x, rope, k_cache, v_cache, batch, backend):
-        x = x + self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
-        return x + self.mlp(self.post_attn_norm(x))
-
-
 class Qwen2_5_VLForConditionalGeneration(nn.Module):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
         super().__init__()
@@ -79,7 +63,7 @@ class Qwen2_5_VLForConditionalGeneration(nn.Module):
         section = cfg.mrope_section or (cfg.head_dim // 2,)
         self.rope = MRotary(cfg.head_dim, cfg.rope_theta, cfg.max_position, section, dtype)
         self.embed = nn.Parameter(w["model.embed_tokens.weight"], requires_grad=False)
-        self.layers = nn.ModuleList(Qwen2Layer(cfg, i, w, dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(LlamaLayer(cfg, i, w, dtype, Qwen2Attention) for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, w["model.norm.weight"], dtype)
         if cfg.tie_word_embeddings:
             head = self.embed
