@@ -127,10 +127,12 @@ def _read(c, s, wanted: list[int], seek: bool, rate: Fraction):
     return out, k, last
 
 
-def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int = 1
-                 ) -> np.ndarray:
+def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int = 1,
+                 dest: np.ndarray | None = None) -> np.ndarray:
     """Decode the frames at sorted source indices `wanted` with a reader of its own.
-    Blocking; safe to run in several threads at once (one container each)."""
+    Blocking; safe to run in several threads at once (one container each). `dest`: the
+    [len(wanted), h, w, 3] slice of a caller's array to fill (readers of one video write
+    their own slices in parallel, so no serial concatenation follows); returned filled."""
     rate = Fraction(info.fps).limit_denominator(1_000_000)
     with _open(data) as c:
         s = c.streams[info.stream_index]
@@ -156,6 +158,10 @@ def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int =
             out[j] = out[k - 1] if k > 0 else None
         if out[-1] is None:
             raise MediaDecodeError("video has no decodable frame in the requested range")
+    if dest is not None and dest.shape[1:] == out[0].shape:
+        for j, a in enumerate(out):
+            dest[j] = a
+        return dest
     return np.stack(out)
 
 
@@ -215,10 +221,17 @@ class VideoDecoder:
         info = await loop.run_in_executor(self._pool, probe, data, stream)
         indices = self.plan(info, fps=fps, max_frames=max_frames, nframes=nframes)
         chunks = split_chunks(indices, workers or self.workers)
+        # One output array, each reader filling its own slice: concatenating the readers'
+        # arrays afterwards would be a serial copy of the whole video.
+        frames = np.empty((len(indices), info.height, info.width, 3), np.uint8)
+        bounds = np.cumsum([0] + [len(ch) for ch in chunks])
         parts = await asyncio.gather(*(
             loop.run_in_executor(self._pool, decode_chunk, data, info, ch,
-                                 self.threads_per_reader) for ch in chunks))
-        frames = parts[0] if len(parts) == 1 else np.concatenate(parts)
+                                 self.threads_per_reader, frames[lo:hi])
+            for ch, lo, hi in zip(chunks, bounds[:-1], bounds[1:])))
+        if any(p.base is not frames and p is not frames for p in parts):
+            # A stream whose decoded frames are not width x height: stack what came back.
+            frames = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return DecodedVideo(frames, tuple(indices), info)
 
     def decode_sync(self, data: bytes, **kw) -> DecodedVideo:
