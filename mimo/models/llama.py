@@ -43,10 +43,13 @@ class LlamaAttention(nn.Module):
                                      w[p + "v_proj.weight"]]))
         self.o = Linear(w[p + "o_proj.weight"])
         self.scale = self.d ** -0.5
+        self.qkv_bias: torch.Tensor | None = None     # Qwen2 sets one (fused q/k/v bias)
 
     def forward(self, x, rope, k_cache, v_cache, batch, backend: AttentionBackend):
         T = x.shape[0]
         qkv = self.qkv(x)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         nqk = (self.hq + self.hkv) * self.d
         # q and k heads sit side by side in the qkv output: one RoPE call covers both.
         qk = Rotary.apply(qkv[:, :nqk].view(T, self.hq + self.hkv, self.d), rope)

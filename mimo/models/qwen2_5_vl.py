@@ -18,39 +18,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from ..gpu.attention import AttentionBackend
 from .context import ForwardContext
-from .layers import Linear, Rotary
-from .llama import LlamaLayer, LlamaRMSNorm
+from .layers import Linear
+from .llama import LlamaAttention, LlamaLayer, LlamaRMSNorm
 from .lm_head import LMHead
 from .mrope import MRotary
 from .qwen2_5_vl_vision import Qwen2_5_VisionTransformer
 
 
-class Qwen2Attention(nn.Module):
+class Qwen2Attention(LlamaAttention):
+    """Llama attention plus Qwen2's q/k/v bias."""
     def __init__(self, cfg: ModelConfig, w: dict, p: str):
-        super().__init__()
-        self.hq = cfg.num_heads
-        self.hkv, self.d, self.dv = cfg.kv_shape("full")
+        super().__init__(cfg, w, p)
         names = [p + n for n in ("q_proj", "k_proj", "v_proj")]
-        self.qkv = Linear(torch.cat([w[n + ".weight"] for n in names]))
         # One bias row for the fused projection; checkpoints without biases get zeros.
         self.qkv_bias = nn.Parameter(torch.cat([
             w.get(n + ".bias", torch.zeros(w[n + ".weight"].shape[0], dtype=w[n + ".weight"].dtype))
             for n in names]), requires_grad=False)
-        self.o = Linear(w[p + "o_proj.weight"])
-        self.scale = self.d ** -0.5
-
-    def forward(self, x, rope, k_cache, v_cache, batch, backend: AttentionBackend):
-        T = x.shape[0]
-        qkv = self.qkv(x) + self.qkv_bias
-        nqk = (self.hq + self.hkv) * self.d
-        # q and k heads sit side by side in the qkv output: one RoPE call covers both.
-        qk = Rotary.apply(qkv[:, :nqk].view(T, self.hq + self.hkv, self.d), rope)
-        q, k = qk[:, :self.hq], qk[:, self.hq:]
-        v = qkv[:, nqk:].view(T, self.hkv, self.dv)
-        o = backend.forward(q, k, v, k_cache, v_cache, batch, self.scale)
-        return self.o(o.reshape(T, self.hq * self.dv))
 
 
 class Qwen2_5_VLForConditionalGeneration(nn.Module):
