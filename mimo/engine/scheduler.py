@@ -114,9 +114,8 @@ class Scheduler:
         f, s = self.need(seq, kv)
         held = len(kv.full_pages)
         outstanding_full = sum(max(0, self.need(r)[0] - len(r.kv.full_pages)) for r in self.running)
-        fa = self.pool.full.allocator
         steady_swa = sum(self.need(r)[1] for r in self.running)
-        return (fa.num_free + fa.num_evictable - outstanding_full >= f - held
+        return (self._available()[0] - outstanding_full >= f - held
                 and steady_swa + s + self._transient <= self.pool.swa.allocator.capacity)
 
     # ---- queue ------------------------------------------------------------------------
@@ -209,10 +208,8 @@ class Scheduler:
         right now (an earlier chunk of this step may have used the transient SWA headroom);
         0 means wait for the next step."""
         P = self.pool.page_size
-        fa, sa = self.pool.full.allocator, self.pool.swa.allocator
-        free = fa.num_free + (fa.num_evictable if self.cache is not None else 0)
-        if self.pool.hybrid:
-            free = min(free, sa.num_free + (sa.num_evictable if self.cache is not None else 0))
+        free_f, free_s = self._available()
+        free = min(free_f, free_s) if self.pool.hybrid else free_f
         room = (len(seq.kv.full_pages) + free) * P - seq.num_computed
         remaining = seq.prefill_end - seq.num_computed
         n = self.prefill.plan(seq, remaining, budget, max(0, room))
@@ -224,10 +221,16 @@ class Scheduler:
         """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages, less
         `reserve` (full, swa) pages kept for others."""
         f, w = self.pool.pages_to_grow(seq.kv, seq.num_computed + n)
+        free_f, free_s = self._available()
+        return f + reserve[0] <= free_f and w + reserve[1] <= free_s
+
+    def _available(self) -> tuple[int, int]:
+        """(full, SWA) pages a request can get now: free, plus what eviction from the
+        prefix cache would free."""
         fa, sa = self.pool.full.allocator, self.pool.swa.allocator
-        ev = self.cache is not None
-        return (f + reserve[0] <= fa.num_free + (fa.num_evictable if ev else 0)
-                and w + reserve[1] <= sa.num_free + (sa.num_evictable if ev else 0))
+        if self.cache is None:
+            return fa.num_free, sa.num_free
+        return fa.num_free + fa.num_evictable, sa.num_free + sa.num_evictable
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         start = seq.num_computed
@@ -244,12 +247,10 @@ class Scheduler:
         evictable) cannot grow every decoding request by one token, preempt the request
         admitted last. Its KV goes to the prefix cache (when there is one), so resuming
         recomputes little; it rejoins the queue with its original arrival time."""
-        fa = self.pool.full.allocator
         while True:
             need = sum(self.pool.pages_to_grow(r.kv, r.num_computed + 1)[0]
                        for r in self.running if not r.in_prefill)
-            room = fa.num_free + (fa.num_evictable if self.cache is not None else 0)
-            if need <= room or len(self.running) <= 1:
+            if need <= self._available()[0] or len(self.running) <= 1:
                 return
             self.preempt(self.running[-1])
 
