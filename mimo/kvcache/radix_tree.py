@@ -88,11 +88,7 @@ class RadixTree(TreeCore, EvictMixin):
         if self.mode == "off" or root is None:
             return MatchResult(0, 0, root)
         P, now = self.P, self._tick()
-        toks = self._tok(tokens)
-        path, m = self._walk(root, toks, len(toks) // P)
-        q = m // P
-        if self.hybrid:
-            q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
+        path, m, q = self._lookup(root, tokens)
         node, done, full = root, 0, []
         for n, k in path:
             if done == q:
@@ -124,12 +120,17 @@ class RadixTree(TreeCore, EvictMixin):
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return 0
+        return self._lookup(root, tokens)[2] * self.P
+
+    def _lookup(self, root: Node, tokens) -> tuple[list, int, int]:
+        """(path, tokens equal to a cached path, window-safe pages of them): the read-only
+        part of a match."""
         toks = self._tok(tokens)
         path, m = self._walk(root, toks, len(toks) // self.P)
         q = m // self.P
         if self.hybrid:
             q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
-        return q * self.P
+        return path, m, q
 
     def lock(self, node: Node | None) -> None:
         """Keep the full KV of root..node and the SWA window before node.end (the pages a
