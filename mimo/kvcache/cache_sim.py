@@ -215,6 +215,10 @@ class CacheSim:
         if st:
             out["window_cut_rate"] = round(
                 (st["prefix_tokens"] - st["matched_tokens"]) / max(self.prompt, 1), 4)
+            # Split by cause: forks where no checkpoint was ever kept (retention could only
+            # help by guessing) and checkpoints SWA-only eviction freed (pool pressure).
+            out["window_cut_never_kept_rate"] = round(st["cut_never_kept"] / max(self.prompt, 1), 4)
+            out["window_cut_evicted_rate"] = round(st["cut_evicted"] / max(self.prompt, 1), 4)
             out["tree"] = {k: st[k] for k in ("nodes", "cached_tokens", "swa_live_pages",
                                               "swa_tombstones", "evicted_full", "evicted_swa",
                                               "tombstoned_swa", "revived_swa")}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import heapq
 
 from .allocator import EVICTABLE, IN_USE
-from .radix_node import NO_SWA
+from .radix_node import EVICTED_SWA
 from .retention import window_first_page
 
 
@@ -104,7 +104,7 @@ class EvictMixin:
         if self.unmap is not None:
             self.unmap([node.full[i] for i in idx])
         for i in idx:
-            node.swa[i] = NO_SWA
+            node.swa[i] = EVICTED_SWA
         self._own_s[pages] = False
         self.swa_alloc.unpark(pages)
         self.swa_alloc.free(pages)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from .retention import window_first_page
 
-NO_SWA = -1
+NO_SWA = -1            # tombstone: this page's SWA KV was never kept (outside every window)
+EVICTED_SWA = -2       # tombstone: it was kept, then freed by SWA-only eviction
 SPECULATIVE = 1 << 40   # SWA-time handicap: dense-grid windows, superseded cached ends
 
 
@@ -24,7 +25,7 @@ class Node:
         self.children: dict[tuple, Node] = {}
         self.tokens: array = tokens          # len == len(full) * page_size
         self.full: list[int] = full
-        self.swa: list[int] | None = swa     # NO_SWA = tombstone; None in full-kv mode
+        self.swa: list[int] | None = swa     # < 0: tombstone; None in full-kv mode
         self.swa_lock: dict[int, int] = {}   # local page index -> lockers needing it
         self.start = start                   # token position of tokens[0]
         self.lock_ref = 0                    # lockers whose path includes this node

@@ -1,9 +1,10 @@
 """SWA-aware radix tree over page-aligned token keys (DESIGN.md section 4).
 
 Each node holds a segment of whole pages: its tokens, one full page per page of tokens and
-one SWA page per page, or NO_SWA where the SWA KV was freed (a tombstone: the full KV stays
-so the prefix still serves longer matches). Keys live under a per-namespace root (media
-hashes, cache salt): equal tokens in different namespaces never share KV.
+one SWA page per page, or a tombstone where it has none (NO_SWA: never kept; EVICTED_SWA:
+freed by SWA-only eviction; either way the full KV stays so the prefix still serves longer
+matches). Keys live under a per-namespace root (media hashes, cache salt): equal tokens in
+different namespaces never share KV.
 
 Invariants (all checked by `check_integrity`):
 - a page is held by at most one node; a held page is IN_USE in its allocator while a lock
@@ -68,7 +69,8 @@ class RadixTree(TreeCore, EvictMixin):
         self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
         self._heap_cap = 65536                  # compact a heap that grows past this
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
-                             evicted_swa=0, tombstoned_swa=0, revived_swa=0)
+                             evicted_swa=0, tombstoned_swa=0, revived_swa=0,
+                             cut_never_kept=0, cut_evicted=0)
 
     def owns_full(self, page: int) -> bool:
         """Whether the tree holds this full page (a request must never free it)."""
@@ -89,6 +91,8 @@ class RadixTree(TreeCore, EvictMixin):
             return MatchResult(0, 0, root)
         P, now = self.P, self._tick()
         path, m, q = self._lookup(root, tokens)
+        if self.hybrid and count and m > q * P:
+            self._count_cut(path, m, q * P)     # before the splits below reshape `path`
         node, done, full = root, 0, []
         for n, k in path:
             if done == q:
@@ -113,6 +117,15 @@ class RadixTree(TreeCore, EvictMixin):
                     n.swa_time = now
                     self._push_swa(n)
         return res
+
+    def _count_cut(self, path, m: int, length: int) -> None:
+        """Why a window cut happened: the window before the token-equal end `m` has a page
+        whose SWA was never kept (no checkpoint there in this node's life: a fork nobody
+        foresaw) or only pages that SWA-only eviction freed (a checkpoint lost to pressure)."""
+        swa = [s for n, k in path for s in n.swa[:k]]
+        never = any(swa[i] == NO_SWA for i in range(window_first_page(m, self.W, self.P),
+                                                     m // self.P))
+        self.counters["cut_never_kept" if never else "cut_evicted"] += m - length
 
     def peek(self, tokens, namespace: Hashable = None) -> int:
         """The length `match` would return, without splitting, touching or counting: the

@@ -117,6 +117,28 @@ def test_swa_eviction_tombstones_interior_keeps_leaf_tails():
     assert tree.stats()["nodes"] == 0 and fa.num_free == sa.num_free == 64
 
 
+def test_window_cuts_are_counted_by_cause():
+    """A cut at a window nobody kept is a fork retention did not foresee; a cut at a window
+    that SWA-only eviction freed is pool pressure. Lookups that are not admissions
+    (count=False) stay out of both."""
+    tree, *_ = make()
+    run(tree, seq(40), live={3, 4, 8, 9})    # windows before 20 and 40 only
+    assert tree.match(seq(36)).length == 20  # window before 36 = pages 7, 8: 7 never kept
+    assert (tree.counters["cut_never_kept"], tree.counters["cut_evicted"]) == (16, 0)
+    tree.match(seq(36), count=False)
+    assert tree.counters["cut_never_kept"] == 16
+    tree2, *_ = make()
+    run(tree2, seq(40), prompt_len=21)       # nodes [0, 20) [20, 40), every page live
+    run(tree2, seq(20) + seq(20, 100))
+    tree2.match(seq(40))
+    tree2.match(seq(20) + seq(20, 100))
+    assert tree2.evict(0, 1) == (0, 5)       # [0, 20)'s SWA freed, its full KV kept
+    assert tree2.match(seq(20)).length == 0
+    assert (tree2.counters["cut_never_kept"], tree2.counters["cut_evicted"]) == (0, 20)
+    assert tree2.match(seq(40)).length == 40   # no cut, nothing counted
+    assert tree2.counters["cut_evicted"] == 20
+
+
 def test_evicting_a_leaf_trims_a_parent_with_a_dead_tail():
     tree, fa, sa = make()
     run(tree, seq(40), live={3, 4, 8, 9}, prompt_len=21)
