@@ -18,6 +18,7 @@ stdout is one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -51,6 +52,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--swa-share", default="auto",
                    help="fraction of the budget for the SWA pool, or 'auto' (from the trace "
                         "and the policy, so both pools fill together)")
+    p.add_argument("--dense-every", type=int, default=None, metavar="TOKENS",
+                   help="override the hybrid policies' speculative checkpoint grid "
+                        "(tokens between checkpoints; 0: none)")
     p.add_argument("--no-output-cache", action="store_true",
                    help="cache prompts only (reasoning models drop their output from the "
                         "next turn); applies to every policy")
@@ -74,13 +78,21 @@ def _replay(job: dict) -> dict:
     full_kv = shape_layout(job["shape"], job["dtype"], layout="full-kv")
     sim = CacheSim(hybrid, full_kv, job["budget"], job["policy"], page_size=job["page"],
                    align=job["align"], swa_share=job["share"], chunk=job["chunk"],
-                   output=job["output"])
+                   output=job["output"], retention=_retention(job["policy"], job["dense"]))
     label = f"{job['policy']}@{job['budget'] / 2**30:.0f}GiB"
     res = sim.run(_REQS, progress=sys.stderr, label=label, every_s=10.0)
     res["swa_share"] = job["share"] if sim.hybrid else None
     print(f"[{NAME}] {label}: hit rate {res['hit_rate']} in {res['seconds']}s",
           file=sys.stderr, flush=True)
     return res
+
+
+def _retention(policy: str, dense_every: int | None):
+    """The named policy, with --dense-every applied (None: as named; baselines: None)."""
+    if policy not in POLICIES:
+        return None
+    pol = POLICIES[policy]
+    return pol if dense_every is None else dataclasses.replace(pol, dense_every=dense_every)
 
 
 def _summary(results: list[dict], ideal: float) -> dict:
@@ -105,6 +117,8 @@ def measure(args) -> dict:
     bad = [p for p in policies if p not in POLICIES and p not in BASELINES]
     if bad or not policies or not budgets:
         raise ConfigError(f"unknown policy {bad}; known: {', '.join([*POLICIES, *BASELINES])}")
+    if args.dense_every is not None and args.dense_every < 0:
+        raise ConfigError("--dense-every must be >= 0 (0: no speculative checkpoints)")
     if args.align % args.page_size:
         raise ConfigError("--align must be a multiple of --page-size")
     _REQS = load_trace(args.trace, args.limit)
@@ -116,13 +130,15 @@ def measure(args) -> dict:
         for p in policies:
             share = 0.0
             if p in POLICIES:
-                share = (estimate_swa_share(_REQS, hybrid, POLICIES[p], args.page_size,
-                                            args.align, None if output else False)
+                share = (estimate_swa_share(_REQS, hybrid, _retention(p, args.dense_every),
+                                            args.page_size, args.align,
+                                            None if output else False)
                          if args.swa_share == "auto" else float(args.swa_share))
             jobs.append(dict(policy=p, budget=b, share=round(share, 4)))
         if args.bound_baseline:
             jobs.append(dict(policy="full-kv", budget=int(b * bound), share=0.0, bound_of=b))
     for j in jobs:
+        j.update(dense=args.dense_every)
         j.update(shape=args.shape, dtype=args.dtype, page=args.page_size, align=args.align,
                  chunk=args.chunk, output=None if output else False)
     t0 = time.perf_counter()

@@ -117,6 +117,28 @@ def test_cli_prints_one_json_line_last(conversation, capsys):
         assert r["full_bytes"] + r["swa_bytes"] <= r["kv_budget_bytes"]
 
 
+def test_dense_grid_override_catches_a_fork_nobody_foresaw(tmp_path, capsys):
+    """The second request forks 2048 tokens into the first one's prompt. With no grid the
+    only window there is the first prompt's end, so the match is cut to 0 and the cut is
+    counted as never kept; a 2048-token grid left a (speculative) window at the fork."""
+    trace = write_trace(tmp_path / "t.jsonl", [
+        (list(range(9)), 4196, 1), ([0, 1, 2, 3, 20, 21], 3000, 1)])
+    res = {}
+    for grid in ("0", "2048"):
+        rc, out, err = run_cli(["--trace", str(trace), "--kv-budget", "4GiB", "--jobs", "1",
+                                "--policy", "hybrid", "--dense-every", grid], capsys)
+        assert rc == 0, err
+        (r,) = json.loads(out[-1])["results"]
+        assert r["retention"]["dense_every"] == int(grid)
+        res[grid] = r
+    total = 4196 + 3000
+    assert res["0"]["hit_tokens"] == 0
+    assert res["0"]["window_cut_never_kept_rate"] == round(2048 / total, 4)
+    assert res["2048"]["hit_tokens"] == 2048 and res["2048"]["window_cut_rate"] == 0
+    assert res["0"]["window_cut_evicted_rate"] == res["2048"]["window_cut_evicted_rate"] == 0
+    assert run_cli(["--trace", str(trace), "--dense-every", "-1"], capsys)[0] == 2
+
+
 def test_cli_rejects_bad_input(tmp_path, capsys):
     assert run_cli(["--trace", str(tmp_path / "none.jsonl")], capsys)[0] == 2
     trace = write_trace(tmp_path / "t.jsonl", [([0], 100, 1)])
