@@ -7,6 +7,11 @@ Each worker loads the checkpoint, keeps only the vision tower and serves request
 own pipe: (keys, patches) in, (embeddings, hits, misses, ran_forward) out. Tensors cross as
 numpy arrays (plain pickled bytes), so no shared-memory file descriptors are passed around.
 A call to one worker holds that worker's lock; calls to different workers run at once.
+
+A worker that dies (killed, out of memory, a crash in native code) is restarted under its
+lock by the call that finds it dead, which then retries once on the fresh process (whose
+cache is empty); a second death in the same call fails that call only. Either way the pool
+is whole again for the next call.
 """
 from __future__ import annotations
 
@@ -75,33 +80,58 @@ def _encode(tower, cache, keys, items):
     return (arrays, cache.stats.hits - before[0], cache.stats.misses - before[1], bool(todo))
 
 
+class WorkerDied(RuntimeError):
+    """An encoder worker process died during a call (and was restarted)."""
+
+
 class EncoderPool:
     def __init__(self, model: str, workers: int, dtype: torch.dtype, cache_bytes: int,
                  threads_per_worker: int = 1):
         if workers < 1:
             raise ValueError("workers must be >= 1")
-        ctx = mp.get_context("spawn")     # fork after torch started threads can deadlock
+        self._ctx = mp.get_context("spawn")     # fork after torch started threads can deadlock
+        self._args = (model, str(dtype).removeprefix("torch."), cache_bytes, threads_per_worker)
         self.dtype = dtype
         self.names = [f"encoder-{i}" for i in range(workers)]
         self.ring = ConsistentHashRing(self.names)
-        self._conns, self._procs, self._locks = {}, [], {}
-        name = str(dtype).removeprefix("torch.")
+        self.restarts = 0
+        self._conns, self._procs = {}, {}
+        self._locks = {w: threading.Lock() for w in self.names}
         for w in self.names:
-            parent, child = ctx.Pipe()
-            p = ctx.Process(target=_serve, args=(model, name, cache_bytes, threads_per_worker,
-                                                 child), name=f"mimo-{w}", daemon=True)
-            p.start()
-            child.close()
-            self._conns[w], self._locks[w] = parent, threading.Lock()
-            self._procs.append(p)
+            self._spawn(w)
         for w in self.names:
-            if not self._conns[w].poll(READY_TIMEOUT_S):
+            try:
+                self._await_ready(w)
+            except RuntimeError:
                 self.close()
-                raise RuntimeError(f"{w} did not start in {READY_TIMEOUT_S:.0f} s")
-            kind, detail = self._conns[w].recv()
-            if kind != "ready":
-                self.close()
-                raise RuntimeError(f"{w} failed to start: {detail}")
+                raise
+
+    def _spawn(self, w: str) -> None:
+        parent, child = self._ctx.Pipe()
+        p = self._ctx.Process(target=_serve, args=(*self._args, child), name=f"mimo-{w}",
+                              daemon=True)
+        p.start()
+        child.close()
+        self._conns[w], self._procs[w] = parent, p
+
+    def _await_ready(self, w: str) -> None:
+        if not self._conns[w].poll(READY_TIMEOUT_S):
+            raise RuntimeError(f"{w} did not start in {READY_TIMEOUT_S:.0f} s")
+        kind, detail = self._conns[w].recv()
+        if kind != "ready":
+            raise RuntimeError(f"{w} failed to start: {detail}")
+
+    def _restart(self, w: str) -> None:
+        """Replace a dead worker (the caller holds its lock)."""
+        old, conn = self._procs[w], self._conns[w]
+        old.join(timeout=5)
+        if old.is_alive():
+            old.kill()
+            old.join(timeout=5)
+        conn.close()
+        self.restarts += 1
+        self._spawn(w)
+        self._await_ready(w)
 
     def route(self, key: str) -> str:
         return self.ring.route(key)
@@ -111,9 +141,18 @@ class EncoderPool:
         """Blocking: one worker's items (its cache first, one forward for the misses)."""
         payload = (keys, [(p.numpy(), tuple(g)) for p, g in items])
         with self._locks[worker]:
-            conn = self._conns[worker]
-            conn.send(payload)
-            kind, result = conn.recv()
+            for attempt in (1, 2):
+                conn = self._conns[worker]
+                try:
+                    conn.send(payload)
+                    kind, result = conn.recv()
+                    break
+                except (EOFError, OSError):     # the process is gone: its pipe broke
+                    code = self._procs[worker].exitcode
+                    self._restart(worker)
+                    if attempt == 2:
+                        raise WorkerDied(f"{worker} died twice on this request (exit code "
+                                         f"{code}); it was restarted") from None
         if kind != "ok":
             raise RuntimeError(f"{worker}: {result}")
         arrays, hits, misses, forwarded = result
@@ -121,12 +160,12 @@ class EncoderPool:
                            forwarded)
 
     def close(self) -> None:
-        for w, conn in self._conns.items():
+        for conn in self._conns.values():
             try:
                 conn.send(None)
             except (OSError, ValueError):
                 pass
-        for p in self._procs:
+        for p in self._procs.values():
             p.join(timeout=5)
             if p.is_alive():
                 p.terminate()

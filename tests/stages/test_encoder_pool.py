@@ -42,6 +42,31 @@ def test_workers_cache_their_own_keys(tiny_dir):
             pool.encode(home, ["bad"], [(px[:5], grid)])             # rows do not fit the grid
         assert pool.encode(home, [k], [(px, grid)]).hits == 1       # the worker lives on
     finally:
-        procs = list(pool._procs)
+        procs = list(pool._procs.values())
         pool.close()
     assert procs and not any(p.is_alive() for p in procs)
+
+
+def test_a_dead_worker_is_restarted_and_the_call_retried(tiny_dir):
+    model = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="2MiB", progress=False).engine.model
+    grid = (1, 8, 8)
+    px = torch.randn(64, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
+    want = model.encode(px, [grid])
+    pool = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24)
+    try:
+        w, other = pool.names
+        assert pool.encode(w, ["a"], [(px, grid)]).misses == 1
+        dead, kept = pool._procs[w], pool._procs[other]
+        dead.kill()                              # as the OOM killer would
+        dead.join(timeout=10)
+        reply = pool.encode(w, ["a"], [(px, grid)])
+        # A fresh process: its cache is empty, the embeddings are the same.
+        assert (reply.hits, reply.misses, reply.forwarded) == (0, 1, True)
+        torch.testing.assert_close(reply.embeds[0], want, atol=1e-5, rtol=0)
+        assert pool.restarts == 1 and pool._procs[w].pid != dead.pid
+        assert pool._procs[other] is kept and kept.is_alive()
+        assert pool.encode(w, ["a"], [(px, grid)]).hits == 1
+    finally:
+        procs = list(pool._procs.values())
+        pool.close()
+    assert not any(p.is_alive() for p in procs)
