@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-media-bytes", type=int, default=64 * 2**20,
                    help="largest image or video accepted, per item (download, data: URL or "
                         "file; default 64 MiB)")
+    m.add_argument("--image-max-pixels", type=int, default=None, metavar="N",
+                   help="resize images to at most N pixels before encoding (N / 784 visual "
+                        "tokens; default: the checkpoint's preprocessor_config.json bound)")
     m.add_argument("--embed-cache-bytes", type=int, default=512 * 2**20,
                    help="memory for cached vision-encoder outputs, per encoder worker "
                         "(default 512 MiB)")
@@ -65,12 +68,13 @@ def main(argv=None) -> int:
                             encoder_workers=args.encoder_workers)
         media = MediaConfig(allowed_media_dirs=tuple(args.allowed_media_dir),
                             allow_private=args.allow_private_media_urls,
-                            max_bytes=args.max_media_bytes)
+                            max_bytes=args.max_media_bytes,
+                            resize_max_pixels=args.image_max_pixels)
         engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
+        server = Server(scfg, AsyncEngine(engine), args.model, media)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    server = Server(scfg, AsyncEngine(engine), args.model, media)
     import uvicorn
     try:
         import uvloop  # noqa: F401

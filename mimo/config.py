@@ -63,6 +63,12 @@ class VisionConfig:
     video_token_id: int | None = None
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
+    # Image preprocessing, from the checkpoint's preprocessor_config.json when it has one;
+    # without one, Qwen2.5-VL's recommended serving bounds and the CLIP normalization.
+    min_pixels: int = 56 * 56
+    max_pixels: int = 28 * 28 * 1280
+    image_mean: tuple[float, float, float] = (0.48145466, 0.4578275, 0.40821073)
+    image_std: tuple[float, float, float] = (0.26862954, 0.26130258, 0.27577711)
 
     @property
     def patch_dim(self) -> int:
@@ -72,8 +78,9 @@ class VisionConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "VisionConfig":
         data = dict(data)
-        if "fullatt_block_indexes" in data:
-            data["fullatt_block_indexes"] = tuple(data["fullatt_block_indexes"])
+        for key in ("fullatt_block_indexes", "image_mean", "image_std"):
+            if key in data:
+                data[key] = tuple(data[key])
         return _from_dict(cls, data)
 
 

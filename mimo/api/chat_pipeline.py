@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ServerConfig
+from ..config import ConfigError, ServerConfig
 from ..engine.async_engine import AsyncEngine
 from ..media.config import MediaConfig
 from ..media.embed_cache import EmbedCache
@@ -43,10 +43,19 @@ def placeholders(tokenizer, vision) -> dict[str, str]:
             "video": start + tok(vision.video_token_id) + end}
 
 
-def processor_settings(vision) -> ProcessorSettings:
-    """The model's patch geometry; pixel bounds stay at Qwen2.5-VL's serving defaults."""
+def processor_settings(vision, media: MediaConfig = MediaConfig()) -> ProcessorSettings:
+    """The checkpoint's image preprocessing (patch geometry, pixel bounds, normalization),
+    its upper pixel bound lowered to `media.resize_max_pixels` when that is set."""
+    hi = vision.max_pixels
+    if media.resize_max_pixels is not None:
+        hi = min(hi, media.resize_max_pixels)
+        if hi < vision.min_pixels:
+            raise ConfigError(f"resize_max_pixels={media.resize_max_pixels} is below the "
+                              f"checkpoint's min_pixels={vision.min_pixels}")
     return ProcessorSettings(patch_size=vision.patch_size, merge_size=vision.spatial_merge_size,
-                             temporal_patch_size=vision.temporal_patch_size)
+                             temporal_patch_size=vision.temporal_patch_size,
+                             min_pixels=vision.min_pixels, max_pixels=hi,
+                             image_mean=vision.image_mean, image_std=vision.image_std)
 
 
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
@@ -58,6 +67,7 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
         stages = [Tokenize(eng.tokenizer, eng.model_config.arch), Generate(engine),
                   Detokenize(eng.tokenizer)]
         return ChatPipeline(Pipeline(stages, **limits), None, None)
+    settings = processor_settings(vision, media)    # before any worker starts: may refuse
     cache, pool = None, None
     if cfg.encoder_workers == 1:
         cache = EmbedCache(cfg.embed_cache_bytes)
@@ -69,6 +79,6 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
     encode = EncodeStage(eng.model.encode, patch_dim=vision.patch_dim,
                          merge=vision.spatial_merge_size, cache=cache, pool=pool)
     stages = [Tokenize(eng.tokenizer, eng.model_config.arch, placeholders(eng.tokenizer, vision)),
-              Fetch(media), DecodeMedia(media), Preprocess(processor_settings(vision)), encode,
+              Fetch(media), DecodeMedia(media), Preprocess(settings), encode,
               MMPromptStage(vision), Generate(engine), Detokenize(eng.tokenizer)]
     return ChatPipeline(Pipeline(stages, **limits), encode, cache)

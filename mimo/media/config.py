@@ -20,6 +20,9 @@ class MediaConfig:
     allowed_media_dirs: tuple[str, ...] = ()  # file:// and plain paths only under these
     allow_private: bool = False              # allow loopback/private/link-local hosts
     max_image_pixels: int = 64 * 2**20       # checked from the header, before decoding
+    # Images are resized to at most this many pixels before encoding (each 28 x 28 = one
+    # visual token); None: the checkpoint's own bound (its preprocessor_config.json).
+    resize_max_pixels: int | None = None
     video_fps: float = 2.0                   # sampling rate (qwen-vl-utils FPS)
     video_min_frames: int = 4
     video_max_frames: int = 768
@@ -42,6 +45,9 @@ class MediaConfig:
         for name in positive:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"media option {name} must be > 0, not {getattr(self, name)!r}")
+        if self.resize_max_pixels is not None and not self.resize_max_pixels > 0:
+            raise ConfigError(f"media option resize_max_pixels must be > 0, not "
+                              f"{self.resize_max_pixels!r}")
         if self.max_redirects < 0:
             raise ConfigError("media option max_redirects must be >= 0")
         if not 1 <= self.video_min_frames <= self.video_max_frames:

@@ -1,6 +1,7 @@
 """Hugging Face config.json -> ModelConfig, per architecture."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..config import ConfigError, ModelConfig, VisionConfig
@@ -213,6 +214,36 @@ def _qwen_vision(c: dict[str, Any]) -> VisionConfig:
         video_token_id=c.get("video_token_id", 151656),
         vision_start_token_id=c.get("vision_start_token_id", 151652),
         vision_end_token_id=c.get("vision_end_token_id", 151653))
+
+
+def vision_preprocessing(vision: VisionConfig, pre: dict[str, Any]) -> VisionConfig:
+    """`vision` with the image preprocessing of a checkpoint's preprocessor_config.json
+    (Qwen2VLImageProcessor: `min_pixels` / `max_pixels`, or transformers 5's
+    `size.shortest_edge` / `size.longest_edge`; `image_mean`, `image_std`). Its patch
+    geometry must be the vision tower's: a mismatch means a broken checkpoint."""
+    if not isinstance(pre, dict):
+        raise ConfigError("preprocessor_config.json must hold a JSON object")
+    for key, ours in (("patch_size", vision.patch_size), ("merge_size", vision.spatial_merge_size),
+                      ("temporal_patch_size", vision.temporal_patch_size)):
+        if key in pre and pre[key] != ours:
+            raise ConfigError(f"preprocessor_config.json has {key}={pre[key]!r} but the "
+                              f"vision tower's config.json says {ours}")
+    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    lo = pre.get("min_pixels", size.get("shortest_edge", vision.min_pixels))
+    hi = pre.get("max_pixels", size.get("longest_edge", vision.max_pixels))
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 0 < lo <= hi:
+        raise ConfigError(f"preprocessor_config.json pixel bounds must be integers with "
+                          f"0 < min_pixels <= max_pixels, not {lo!r} and {hi!r}")
+    out = {"min_pixels": lo, "max_pixels": hi}
+    for key in ("image_mean", "image_std"):
+        v = pre.get(key, getattr(vision, key))
+        if (not isinstance(v, (list, tuple)) or len(v) != 3
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)):
+            raise ConfigError(f"preprocessor_config.json {key} must be 3 numbers, not {v!r}")
+        out[key] = tuple(float(x) for x in v)
+    if min(out["image_std"]) <= 0:
+        raise ConfigError("preprocessor_config.json image_std must be > 0")
+    return dataclasses.replace(vision, **out)
 
 
 def qwen2_5_vl_config(c: dict[str, Any]) -> ModelConfig:

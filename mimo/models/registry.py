@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from .hf_config import model_config_from_hf
+from .hf_config import model_config_from_hf, vision_preprocessing
 
 
 class ModelNotFound(ValueError):
@@ -89,6 +89,13 @@ def load(name: str, progress: bool = True) -> LoadedModel:
         except (OSError, json.JSONDecodeError) as e:
             raise ModelNotFound(f"cannot read {path / 'config.json'}: {e}") from e
         cfg = model_config_from_hf(raw)
+        pre = path / "preprocessor_config.json"
+        if cfg.vision is not None and pre.is_file():
+            try:
+                pre_cfg = json.loads(pre.read_text())
+            except (OSError, json.JSONDecodeError) as e:
+                raise ModelNotFound(f"cannot read {pre}: {e}") from e
+            cfg = dataclasses.replace(cfg, vision=vision_preprocessing(cfg.vision, pre_cfg))
         weights = hf_weights(path, progress)
         if cfg.arch == "mimo_v2_flash":
             # MTP layers: the checkpoint's weights decide, whatever the config declares.

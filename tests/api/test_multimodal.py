@@ -203,7 +203,15 @@ def test_media_flags_in_help_and_encoder_workers_checked(capsys):
         server_main.main(["--help"])
     out = capsys.readouterr().out
     for flag in ("--allowed-media-dir", "--allow-private-media-urls", "--max-media-bytes",
-                 "--encoder-workers"):
+                 "--encoder-workers", "--image-max-pixels"):
         assert flag in out
     assert server_main.main(["--encoder-workers", "0"]) == 2
     assert "encoder_workers must be >= 1" in capsys.readouterr().err
+
+
+def test_image_cap_below_the_checkpoints_minimum_is_refused(vlm_dir, capsys):
+    import server as server_main
+    assert server_main.main(["--model", str(vlm_dir), "--dtype", "float32",
+                             "--kv-cache-memory", "4MiB", "--image-max-pixels", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert "below the checkpoint's min_pixels=3136" in err and "Traceback" not in err

@@ -90,7 +90,7 @@ def _old_layout(src, dst):
     ren = {k.replace("model.language_model.", "model.").replace("model.visual.", "visual."): v
            for k, v in w.items()}
     save_file(ren, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    for f in ("tokenizer.json", "tokenizer_config.json"):
+    for f in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json"):
         (dst / f).write_bytes((src / f).read_bytes())
 
 
