@@ -127,8 +127,15 @@ def plan_pages(layout: KVLayout, cache: CacheConfig, context: int, chunk: int = 
         share = w * sb / (f * fb + w * sb)
         # Nearest whole page on the SWA side (never below one request's window), the rest to
         # the full pool, so the total never exceeds the budget.
-        swa_pages = extra + max(round(rest * share / sb), min(w, rest // sb)) if rest > 0 else 0
-        full_pages = (budget - swa_pages * sb) // fb if rest > 0 else 0
+        steady = max(round(rest * share / sb), min(w, rest // sb)) if rest > 0 else 0
+        if steady < 1:
+            # The chunk's transient pages alone would fill the SWA pool: no request could
+            # keep its window between steps.
+            raise ConfigError(
+                f"kv_cache_memory={budget} bytes is too small: the SWA pool needs {extra} "
+                f"pages for one prefill chunk of {chunk} tokens and at least one more")
+        swa_pages = extra + steady
+        full_pages = (budget - swa_pages * sb) // fb
     if full_pages < 1 or swa_pages < 1:
         raise ConfigError(f"kv_cache_memory={budget} bytes is too small for one page per pool")
     return full_pages, swa_pages

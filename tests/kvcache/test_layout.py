@@ -237,6 +237,18 @@ def test_plan_swa_share_is_fraction_of_whole_budget(name, share):
         <= page * lay.swa_bytes_per_token + 1
 
 
+def test_plan_refuses_a_swa_pool_that_only_holds_the_chunk():
+    """Found by hypothesis: 397 MiB, pages of 32, a 2048-token chunk on MiMo-V2-Flash leave
+    less than one SWA page beyond the chunk's 65 transient pages. That is refused, not
+    planned as a pool no finished request can keep a window in."""
+    lay = shape_layout("mimo-v2-flash")
+    with pytest.raises(ConfigError, match="one prefill chunk of 2048 tokens"):
+        plan_pages(lay, CacheConfig(page_size=32, kv_cache_memory=397 * 2**20), 1, chunk=2048)
+    fp, sp = plan_pages(lay, CacheConfig(page_size=32, kv_cache_memory=404 * 2**20), 1,
+                        chunk=2048)
+    assert fp >= 1 and sp > _transient(2048, 32)
+
+
 @pytest.mark.parametrize("name,mib,page,ctx,chunk", [("mimo-v2-flash", 105, 64, 1, 100)])
 def test_plan_refuses_only_below_a_page_per_pool(name, mib, page, ctx, chunk):
     lay, budget = shape_layout(name), mib * 2**20
