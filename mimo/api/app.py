@@ -39,6 +39,8 @@ class Server:
         self.pipeline = self.chat_pipeline.pipeline
         if self.chat_pipeline.multimodal:
             self.metrics.watch_encoder(self.chat_pipeline.encode)
+        if eng.cache is not None:
+            self.metrics.watch_prefix_cache(eng.cache)
 
     # ---- plumbing -------------------------------------------------------------------
     def _authorized(self, request) -> bool:

@@ -7,6 +7,14 @@ Speculative decoding (present whatever the flag; zero while it is off):
   mimo_spec_accepted_tokens_total{position}  of those, accepted by the target
   mimo_spec_mean_acceptance_length        emitted / verify steps since start (1.0 = no gain)
 The acceptance rate at position i is accepted{position="i"} / draft{position="i"}.
+
+Prefix cache (when it is on):
+  mimo_prefix_cache_window_cut_tokens_total{cause}  prompt tokens equal to a cached prefix
+      but not reused, the SWA window before them missing: cause="never_kept" (retention
+      kept no checkpoint there) or "evicted" (SWA pressure freed it: a larger SWA share helps)
+  mimo_prefix_cache_freed_pages_total{pool,how}     pages eviction freed (how="node": whole
+      nodes; "swa_only": SWA pages alone, their full KV kept)
+  mimo_prefix_cache_revived_swa_pages_total         tombstoned SWA pages filled again
 """
 from __future__ import annotations
 
@@ -50,6 +58,11 @@ class Metrics:
         """Export the encode stage's forward count and the embedding cache's hits and
         misses, read at scrape time (they are counted where they happen, off the loop)."""
         self.registry.register(_EncoderCollector(encode))
+
+    def watch_prefix_cache(self, cache) -> None:
+        """Export a prefix cache's running totals (`PrefixMatch.counters`), read at scrape
+        time: window cuts by cause, evicted and revived pages."""
+        self.registry.register(_PrefixCacheCollector(cache))
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
@@ -99,3 +112,29 @@ class _EncoderCollector:
                 ("mimo_embed_cache_misses", "Media items not in the embedding cache", enc.cache_misses),
                 ("mimo_encoder_forwards", "Vision-encoder forward passes run", self.encode.forwards)):
             yield CounterMetricFamily(name, doc, value=value)
+
+
+class _PrefixCacheCollector:
+    """mimo_prefix_cache_window_cut_tokens_total{cause}: prompt tokens a cached prefix held
+    but a missing SWA window kept from reuse; `never_kept` ones need a denser retention,
+    `evicted` ones a larger SWA share. mimo_prefix_cache_freed_pages_total{pool,how}."""
+    def __init__(self, cache):
+        self.cache = cache
+
+    def collect(self):
+        c = self.cache.counters()      # racy read of plain ints: fine for monitoring
+        cut = CounterMetricFamily("mimo_prefix_cache_window_cut_tokens",
+                                  "Prompt tokens equal to a cached prefix but not reused "
+                                  "because the SWA window before them was missing", labels=["cause"])
+        for cause in ("never_kept", "evicted"):
+            cut.add_metric([cause], c.get(f"cut_{cause}", 0))
+        yield cut
+        freed = CounterMetricFamily("mimo_prefix_cache_freed_pages",
+                                    "Cached pages freed by eviction", labels=["pool", "how"])
+        freed.add_metric(["full", "node"], c.get("evicted_full", 0))
+        freed.add_metric(["swa", "node"], c.get("evicted_swa", 0))
+        freed.add_metric(["swa", "swa_only"], c.get("tombstoned_swa", 0))
+        yield freed
+        yield CounterMetricFamily("mimo_prefix_cache_revived_swa_pages",
+                                  "Tombstoned SWA pages filled again by a request",
+                                  value=c.get("revived_swa", 0))

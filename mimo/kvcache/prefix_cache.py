@@ -18,7 +18,7 @@ reviving tombstones with pages the request recomputed, and the rest is freed.
 from __future__ import annotations
 
 from ..kvcache.dual_pool import DualPool, SeqKV
-from .prefix_match import PrefixMatch
+from .prefix_match import COUNTERS, PrefixMatch
 from .radix_tree import RadixTree
 from .retention import POLICIES, RetentionPolicy
 
@@ -41,6 +41,9 @@ class PrefixCache(PrefixMatch):
 
     def owns_swa(self, page: int) -> bool:
         return self.pool.hybrid and self.tree.owns_swa(page)
+
+    def counters(self) -> dict[str, int]:
+        return {k: self.tree.counters[k] for k in COUNTERS}
 
     # ---- admission -------------------------------------------------------------------
     def cached_len(self, prompt_ids: list[int], namespace=None) -> int:

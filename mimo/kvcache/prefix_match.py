@@ -42,3 +42,20 @@ class PrefixMatch(ABC):
     @abstractmethod
     def check_integrity(self) -> None:
         ...
+
+    def counters(self) -> dict[str, int]:
+        """Running totals for monitoring (names in `COUNTERS`); empty if it keeps none."""
+        return {}
+
+
+# What `counters()` may report; /metrics exports these (missing ones as 0).
+COUNTERS = {
+    "cut_never_kept": "prompt tokens equal to a cached prefix but not reused: no SWA window "
+                      "was ever kept where they end (a fork retention did not foresee)",
+    "cut_evicted": "prompt tokens equal to a cached prefix but not reused: the SWA window "
+                   "where they end was evicted (SWA pool pressure)",
+    "evicted_full": "full pages freed by evicting cached nodes",
+    "evicted_swa": "SWA pages freed by evicting cached nodes",
+    "tombstoned_swa": "SWA pages freed alone, their full KV kept (SWA-only eviction)",
+    "revived_swa": "tombstoned SWA pages filled again by a request that recomputed them",
+}

@@ -159,6 +159,9 @@ def test_repeated_prompt_reports_cached_tokens(client, gemma_fp32, server):
     assert second.choices[0].text == first.choices[0].text == offline(gemma_fp32, ids, 8).text
     cached = first.usage.prompt_tokens_details.cached_tokens + (len(ids) - 1) // 16 * 16
     assert _metric(server, "mimo_cached_prompt_tokens_total") - before == cached
+    # The prefix cache's own totals are wired in (their values: tests/api/test_metrics.py).
+    for cause in ("never_kept", "evicted"):
+        assert _metric(server, f'mimo_prefix_cache_window_cut_tokens_total{{cause="{cause}"}}') >= 0
     server.assert_pools_idle()
 
 

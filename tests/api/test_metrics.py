@@ -1,0 +1,46 @@
+"""/metrics exports the prefix cache's running totals as the tree counts them."""
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from mimo.api.metrics import Metrics
+from mimo.kvcache.dual_pool import DualPool
+from mimo.kvcache.layout import shape_layout
+from mimo.kvcache.prefix_cache import PrefixCache
+from mimo.kvcache.retention import RetentionPolicy
+
+
+def samples(metrics: Metrics) -> dict:
+    out = {}
+    for fam in text_string_to_metric_families(metrics.render().decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_window_cuts_and_evictions_are_exported():
+    pool = DualPool(shape_layout("gemma-3-270m"), 256, 256, 16, allocate=False)   # window 512
+    cache = PrefixCache(pool, RetentionPolicy(branch=False))      # a window at the end only
+    tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
+    metrics = Metrics()
+    metrics.watch_prefix_cache(cache)
+    toks = list(range(2048))
+    res = tree.insert(toks, fa.alloc(128), sa.alloc(128), prompt_len=2048)
+    fa.free(res.dup_full)
+    sa.free(res.dup_swa)
+    # A fork 1024 tokens in: token-equal for 1024, but the only window ends at 2048.
+    assert tree.match(toks[:1024] + [10**6]).length == 0
+    tree.evict(full=128)
+    tree.check_integrity()
+    got = samples(metrics)
+    cut = "mimo_prefix_cache_window_cut_tokens_total"
+    assert got[(cut, (("cause", "never_kept"),))] == 1024
+    assert got[(cut, (("cause", "evicted"),))] == 0
+    freed = "mimo_prefix_cache_freed_pages_total"
+    assert got[(freed, (("how", "node"), ("pool", "full")))] == 128
+    # The prompt-end windows (before 2032 = the prompt less its last token, page-aligned,
+    # and before 2048): pages 95..127, as the tree owns exactly those.
+    assert got[(freed, (("how", "node"), ("pool", "swa")))] == 33
+    assert got[(freed, (("how", "swa_only"), ("pool", "swa")))] == 0
+    assert got[("mimo_prefix_cache_revived_swa_pages_total", ())] == 0
+    assert fa.num_free == fa.capacity and sa.num_free == sa.capacity
