@@ -138,9 +138,8 @@ def measure(args) -> dict:
         if args.bound_baseline:
             jobs.append(dict(policy="full-kv", budget=int(b * bound), share=0.0, bound_of=b))
     for j in jobs:
-        j.update(dense=args.dense_every)
         j.update(shape=args.shape, dtype=args.dtype, page=args.page_size, align=args.align,
-                 chunk=args.chunk, output=None if output else False)
+                 chunk=args.chunk, output=None if output else False, dense=args.dense_every)
     t0 = time.perf_counter()
     n = max(1, min(args.jobs, len(jobs)))
     if n > 1:

@@ -16,57 +16,62 @@ def tiny_dir(tmp_path_factory):
     return d
 
 
-def test_workers_cache_their_own_keys(tiny_dir):
+GRID = (1, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def patches(tiny_dir):
+    """One image's patches and the in-process tower's embeddings of them."""
     model = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="2MiB", progress=False).engine.model
-    grid = (1, 8, 8)
     px = torch.randn(64, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
-    want = model.encode(px, [grid])
-    pool = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24)
-    try:
-        keys = [f"key-{i}" for i in range(16)]
-        assert {pool.route(k) for k in keys} == set(pool.names)     # both get keys
-        assert all(pool.route(k) == pool.route(k) for k in keys)
-        k = keys[0]
-        home = pool.route(k)
-        other = next(w for w in pool.names if w != home)
-        first = pool.encode(home, [k, k], [(px, grid), (px, grid)])
-        assert (first.hits, first.misses, first.forwarded) == (0, 2, True)
-        torch.testing.assert_close(first.embeds[0], want, atol=1e-5, rtol=0)
-        assert torch.equal(first.embeds[0], first.embeds[1])
-        again = pool.encode(home, [k], [(px, grid)])
-        assert (again.hits, again.misses, again.forwarded) == (1, 0, False)
-        assert torch.equal(again.embeds[0], first.embeds[0])
-        elsewhere = pool.encode(other, [k], [(px, grid)])
-        assert (elsewhere.hits, elsewhere.misses, elsewhere.forwarded) == (0, 1, True)
-        with pytest.raises(RuntimeError, match="encoder-"):
-            pool.encode(home, ["bad"], [(px[:5], grid)])             # rows do not fit the grid
-        assert pool.encode(home, [k], [(px, grid)]).hits == 1       # the worker lives on
-    finally:
-        procs = list(pool._procs.values())
-        pool.close()
-    assert procs and not any(p.is_alive() for p in procs)
+    return px, model.encode(px, [GRID])
 
 
-def test_a_dead_worker_is_restarted_and_the_call_retried(tiny_dir):
-    model = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="2MiB", progress=False).engine.model
-    grid = (1, 8, 8)
-    px = torch.randn(64, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(1))
-    want = model.encode(px, [grid])
-    pool = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24)
+@pytest.fixture
+def pool(tiny_dir):
+    """Two workers; afterwards every process the pool ran (restarts included) is gone."""
+    p = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24)
     try:
-        w, other = pool.names
-        assert pool.encode(w, ["a"], [(px, grid)]).misses == 1
-        dead, kept = pool._procs[w], pool._procs[other]
-        dead.kill()                              # as the OOM killer would
-        dead.join(timeout=10)
-        reply = pool.encode(w, ["a"], [(px, grid)])
-        # A fresh process: its cache is empty, the embeddings are the same.
-        assert (reply.hits, reply.misses, reply.forwarded) == (0, 1, True)
-        torch.testing.assert_close(reply.embeds[0], want, atol=1e-5, rtol=0)
-        assert pool.restarts == 1 and pool._procs[w].pid != dead.pid
-        assert pool._procs[other] is kept and kept.is_alive()
-        assert pool.encode(w, ["a"], [(px, grid)]).hits == 1
+        yield p
     finally:
-        procs = list(pool._procs.values())
-        pool.close()
-    assert not any(p.is_alive() for p in procs)
+        procs = list(p._procs.values())
+        p.close()
+    assert procs and not any(x.is_alive() for x in procs)
+
+
+def test_workers_cache_their_own_keys(pool, patches):
+    (px, want), grid = patches, GRID
+    keys = [f"key-{i}" for i in range(16)]
+    assert {pool.route(k) for k in keys} == set(pool.names)     # both get keys
+    assert all(pool.route(k) == pool.route(k) for k in keys)
+    k = keys[0]
+    home = pool.route(k)
+    other = next(w for w in pool.names if w != home)
+    first = pool.encode(home, [k, k], [(px, grid), (px, grid)])
+    assert (first.hits, first.misses, first.forwarded) == (0, 2, True)
+    torch.testing.assert_close(first.embeds[0], want, atol=1e-5, rtol=0)
+    assert torch.equal(first.embeds[0], first.embeds[1])
+    again = pool.encode(home, [k], [(px, grid)])
+    assert (again.hits, again.misses, again.forwarded) == (1, 0, False)
+    assert torch.equal(again.embeds[0], first.embeds[0])
+    elsewhere = pool.encode(other, [k], [(px, grid)])
+    assert (elsewhere.hits, elsewhere.misses, elsewhere.forwarded) == (0, 1, True)
+    with pytest.raises(RuntimeError, match="encoder-"):
+        pool.encode(home, ["bad"], [(px[:5], grid)])             # rows do not fit the grid
+    assert pool.encode(home, [k], [(px, grid)]).hits == 1       # the worker lives on
+
+
+def test_a_dead_worker_is_restarted_and_the_call_retried(pool, patches):
+    (px, want), grid = patches, GRID
+    w, other = pool.names
+    assert pool.encode(w, ["a"], [(px, grid)]).misses == 1
+    dead, kept = pool._procs[w], pool._procs[other]
+    dead.kill()                              # as the OOM killer would
+    dead.join(timeout=10)
+    reply = pool.encode(w, ["a"], [(px, grid)])
+    # A fresh process: its cache is empty, the embeddings are the same.
+    assert (reply.hits, reply.misses, reply.forwarded) == (0, 1, True)
+    torch.testing.assert_close(reply.embeds[0], want, atol=1e-5, rtol=0)
+    assert pool.restarts == 1 and pool._procs[w].pid != dead.pid
+    assert pool._procs[other] is kept and kept.is_alive()
+    assert pool.encode(w, ["a"], [(px, grid)]).hits == 1
