@@ -31,6 +31,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "(prompt, output end, branch points, sparse grid), hybrid (the same "
                         "without outputs: for models whose next turn drops them), prompt-only, "
                         "keep-all")
+    g.add_argument("--window-rebuild", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse a cached prefix whose SWA window was not kept by recomputing "
+                        "only the SWA layers' receptive field before its end ((window - 1) "
+                        "x SWA layers tokens), not everything since the last kept window")
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="token budget of one step (prefill chunk size)")
@@ -71,6 +75,7 @@ def engine_opts(a: argparse.Namespace) -> dict:
     return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,
+                window_rebuild=a.window_rebuild,
                 max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
                 num_threads=a.threads, device=a.device, policy=a.policy,
                 aging_per_second=a.aging_per_second, admission=a.admission,

@@ -207,6 +207,9 @@ class CacheConfig:
     layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
     prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/prefix_cache.py)
     retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/retention.py)
+    # A prefix whose SWA window is gone is reused by recomputing only the SWA layers' KV of
+    # the receptive field before its end (RadixTree.match `rebuild`); False: cut it back.
+    window_rebuild: bool = True
 
     def __post_init__(self):
         if self.page_size < 1:

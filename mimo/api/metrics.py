@@ -15,6 +15,8 @@ Prefix cache (when it is on):
   mimo_prefix_cache_freed_pages_total{pool,how}     pages eviction freed (how="node": whole
       nodes; "swa_only": SWA pages alone, their full KV kept)
   mimo_prefix_cache_revived_swa_pages_total         tombstoned SWA pages filled again
+  mimo_prefix_cache_rebuilt_tokens_total            prompt tokens reused past a missing
+      window by a window rebuild (recomputing only the SWA receptive field before the end)
 """
 from __future__ import annotations
 
@@ -138,3 +140,7 @@ class _PrefixCacheCollector:
         yield CounterMetricFamily("mimo_prefix_cache_revived_swa_pages",
                                   "Tombstoned SWA pages filled again by a request",
                                   value=c.get("revived_swa", 0))
+        yield CounterMetricFamily("mimo_prefix_cache_rebuilt_tokens",
+                                  "Prompt tokens reused past a missing SWA window by "
+                                  "recomputing only the SWA receptive field",
+                                  value=c.get("rebuilt_tokens", 0))

@@ -58,6 +58,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-output-cache", action="store_true",
                    help="cache prompts only (reasoning models drop their output from the "
                         "next turn); applies to every policy")
+    p.add_argument("--window-rebuild", action=argparse.BooleanOptionalAction, default=True,
+                   help="hybrid: a prefix whose SWA window is gone is reused up to the SWA "
+                        "receptive field before its end, as the engine does (--no-window-"
+                        "rebuild: cut back to the last kept window)")
     p.add_argument("--chunk", type=int, default=2048, help="prefill chunk (SWA transient)")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
     p.add_argument("--limit", type=int, default=None, help="replay only the first N requests")
@@ -78,7 +82,8 @@ def _replay(job: dict) -> dict:
     full_kv = shape_layout(job["shape"], job["dtype"], layout="full-kv")
     sim = CacheSim(hybrid, full_kv, job["budget"], job["policy"], page_size=job["page"],
                    align=job["align"], swa_share=job["share"], chunk=job["chunk"],
-                   output=job["output"], retention=_retention(job["policy"], job["dense"]))
+                   output=job["output"], retention=_retention(job["policy"], job["dense"]),
+                   rebuild=job["rebuild"])
     label = f"{job['policy']}@{job['budget'] / 2**30:.0f}GiB"
     res = sim.run(_REQS, progress=sys.stderr, label=label, every_s=10.0)
     res["swa_share"] = job["share"] if sim.hybrid else None
@@ -139,7 +144,8 @@ def measure(args) -> dict:
             jobs.append(dict(policy="full-kv", budget=int(b * bound), share=0.0, bound_of=b))
     for j in jobs:
         j.update(shape=args.shape, dtype=args.dtype, page=args.page_size, align=args.align,
-                 chunk=args.chunk, output=None if output else False, dense=args.dense_every)
+                 chunk=args.chunk, output=None if output else False, dense=args.dense_every,
+                 rebuild=args.window_rebuild)
     t0 = time.perf_counter()
     n = max(1, min(args.jobs, len(jobs)))
     if n > 1:
@@ -163,7 +169,9 @@ def measure(args) -> dict:
                     row[f"{p}_over_full_kv_at_bound"] = round(row[p] / r["hit_rate"], 4)
     return {"trace": str(args.trace), "requests": len(_REQS), "shape": args.shape,
             "dtype": args.dtype, "page_size": args.page_size, "align": args.align,
-            "no_output_cache": args.no_output_cache, "window": hybrid.window, "bound": round(bound, 4),
+            "no_output_cache": args.no_output_cache, "window": hybrid.window,
+            "window_rebuild_tokens": hybrid.swa_receptive_field if args.window_rebuild else 0,
+            "bound": round(bound, 4),
             "bound_context": args.bound_context, **{k: round(v, 4) for k, v in ideal.items()},
             "summary": summary, "results": results,
             "seconds": round(time.perf_counter() - t0, 1)}

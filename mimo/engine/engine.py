@@ -61,7 +61,7 @@ class LLMEngine:
         self.cache = prefix_match(self.pool) if prefix_match is not None else None
         if self.cache is None and cc.prefix_cache:
             from ..kvcache.prefix_cache import PrefixCache
-            self.cache = PrefixCache(self.pool, cc.retention)
+            self.cache = PrefixCache(self.pool, cc.retention, rebuild=cc.window_rebuild)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
         self.spec = None            # the speculative decoder, when there is one (its stats)

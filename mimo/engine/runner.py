@@ -71,13 +71,17 @@ class ModelRunner:
                 spans.extend((row + i, c.start + i, 1, c.seq.kv) for i in range(c.n))
             else:
                 spans.append((row, c.start, c.n, c.seq.kv))
+            # (a window rebuild: SWA keys start at swa_floor; full KV below full_cached_to
+            # is the prefix cache's, read and never written)
             row += c.n
             if c.sample:
                 rows.extend(range(row - 1 - len(c.draft), row))
         dev = self.device
-        batches = {"full": build_attn_batch(spans, None, self.pool.full_slots, dev, self.mask_dtype)}
+        full = [(r, a, n, kv, 0, kv.full_cached_to) for r, a, n, kv in spans]
+        batches = {"full": build_attn_batch(full, None, self.pool.full_slots, dev, self.mask_dtype)}
         if self.has_swa:
-            batches["swa"] = build_attn_batch(spans, self.window, self.pool.swa_slots, dev,
+            swa = [(r, a, n, kv, kv.swa_floor, 0) for r, a, n, kv in spans]
+            batches["swa"] = build_attn_batch(swa, self.window, self.pool.swa_slots, dev,
                                               self.mask_dtype)
         ctx = ForwardContext(self.kv, batches, self.backend)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)

@@ -209,8 +209,9 @@ class Scheduler:
         0 means wait for the next step."""
         P = self.pool.page_size
         free_f, free_s = self._available()
-        free = min(free_f, free_s) if self.pool.hybrid else free_f
-        room = (len(seq.kv.full_pages) + free) * P - seq.num_computed
+        room = (len(seq.kv.full_pages) + free_f) * P - seq.num_computed
+        if self.pool.hybrid:    # (a window rebuild holds full pages ahead of its SWA pages)
+            room = min(room, (len(seq.kv.swa_pages) + free_s) * P - seq.num_computed)
         remaining = seq.prefill_end - seq.num_computed
         n = self.prefill.plan(seq, remaining, budget, max(0, room))
         if not 0 <= n <= min(remaining, budget, max(0, room)):

@@ -26,28 +26,37 @@ class PrefillSpan:
 
 @dataclass
 class AttnBatch:
-    write_slots: torch.Tensor             # [T] slot of each new token's K/V
+    write_slots: torch.Tensor             # [len(write_rows) or T] slots the new K/V go to
     decode_rows: torch.Tensor | None      # [B] rows of single-token sequences
     decode_slots: torch.Tensor | None     # [B, L] slots read by each (padded)
     decode_mask: torch.Tensor | None      # [B, 1, 1, L] additive (0 or -inf); None: no padding
     prefills: list[PrefillSpan]
     all_decode: bool = False              # every row is a decode row, in order
+    # Rows whose K/V are written (None: every row). A window rebuild recomputes positions
+    # whose full-layer KV is already cached in shared pages: those rows are not written.
+    write_rows: torch.Tensor | None = None
 
 
 def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:
-    """seqs: iterable of (row_start, start_pos, n_new, handle); slots_fn(handle, a, b) gives
-    cache slots of positions [a, b). A query at position p sees keys in
-    (p - window, p] when `window` is set, else [0, p]."""
-    write, dec_rows, dec_slots, dec_lo, prefills = [], [], [], [], []
-    for row, start, n, handle in seqs:
+    """seqs: iterable of (row_start, start_pos, n_new, handle, key_floor, write_from);
+    slots_fn(handle, a, b) gives cache slots of positions [a, b). A query at position p
+    sees keys in (p - window, p] when `window` is set, else [0, p], and none below
+    `key_floor` (a window rebuild's first computed position: its SWA KV starts there).
+    Positions below `write_from` are read from the cache, not written (0: write all)."""
+    write, wrows, dec_rows, dec_slots, prefills = [], [], [], [], []
+    skipped = False
+    for row, start, n, handle, floor, write_from in seqs:
         end = start + n
         lo = 0 if window is None else max(0, start - window + 1)
+        lo = max(lo, min(floor, start))
         slots = slots_fn(handle, lo, end)
-        write.append(slots[start - lo:])
+        w0 = min(max(write_from - start, 0), n)
+        skipped |= w0 > 0
+        write.append(slots[start - lo + w0:])
+        wrows.append(torch.arange(row + w0, row + n))
         if n == 1:
             dec_rows.append(row)
             dec_slots.append(slots)
-            dec_lo.append(lo)
         else:
             kpos = torch.arange(lo, end)
             qpos = torch.arange(start, end)
@@ -56,6 +65,8 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
                 m &= kpos[None, :] > qpos[:, None] - window
             prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device)))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
+    if skipped:
+        batch.write_rows = torch.cat(wrows).to(device)
     if dec_rows:
         lens = [len(s) for s in dec_slots]
         L = max(lens)
@@ -81,7 +92,8 @@ class AttentionBackend(ABC):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
                 scale: float, sinks: torch.Tensor | None = None) -> torch.Tensor:
         """q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv] -> out [T, Hq, Dv].
-        Writes k/v into the caches at `batch.write_slots` first."""
+        Writes k/v (the `batch.write_rows` of them, if set) into the caches at
+        `batch.write_slots` first."""
 
 
 def _sdpa(q, k, v, mask, scale, sinks):
@@ -124,8 +136,12 @@ class TorchAttention(AttentionBackend):
     """Reference backend on any device: gather the keys of each sequence, then SDPA."""
 
     def forward(self, q, k, v, k_cache, v_cache, batch, scale, sinks=None):
-        k_cache.index_copy_(0, batch.write_slots, k)
-        v_cache.index_copy_(0, batch.write_slots, v)
+        if batch.write_rows is None:
+            k_cache.index_copy_(0, batch.write_slots, k)
+            v_cache.index_copy_(0, batch.write_slots, v)
+        else:
+            k_cache.index_copy_(0, batch.write_slots, k.index_select(0, batch.write_rows))
+            v_cache.index_copy_(0, batch.write_slots, v.index_select(0, batch.write_rows))
         if batch.all_decode:
             B, L = batch.decode_slots.shape
             flat = batch.decode_slots.reshape(-1)

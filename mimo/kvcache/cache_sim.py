@@ -6,9 +6,10 @@ hash_ids[j] * 512 + [0, 512), the last block cut to `input_length`; the request'
 `output_length` generated tokens get ids unique to it (negative, so they never collide
 with a prompt), since a later prompt that continues a conversation names its blocks with
 new hash ids. Requests are replayed one after another in trace order, each the way the
-engine drives the tree: match the prompt (less its last token), lock, allocate pages for
-the rest (evicting first), keep the SWA pages the retention policy names plus the last
-window (what window release leaves), insert prompt + output, free the duplicates, unlock.
+engine drives the tree: match the prompt (less its last token; with window rebuild, as the
+engine matches), lock, allocate pages for the rest (evicting first), keep the SWA pages the
+retention policy names plus the last window (what window release leaves; after a rebuild
+only exact ones), insert prompt + output, free the duplicates, unlock.
 Timestamps are not replayed: no two requests hold locks at once, so the whole budget is
 cache, as between bursts on a real server.
 
@@ -119,7 +120,7 @@ class CacheSim:
     def __init__(self, layout: KVLayout, full_kv: KVLayout, budget: int, policy: str = "hybrid",
                  page_size: int = 16, align: int = BLOCK, swa_share: float = 0.2,
                  chunk: int = 2048, retention: RetentionPolicy | None = None,
-                 output: bool | None = None):
+                 output: bool | None = None, rebuild: bool = True):
         P = self.P = page_size
         self.name, self.budget, self.chunk, self.window = policy, budget, chunk, layout.window
         if retention is None:
@@ -138,6 +139,8 @@ class CacheSim:
         self.sa = PageAllocator(swa_pages, "swa") if mode == "hybrid" else None
         self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode)
         self.hybrid = mode == "hybrid"
+        # Window rebuild (RadixTree.match): the SWA receptive field, 0 when off.
+        self.rebuild = layout.swa_receptive_field if self.hybrid and rebuild else 0
         self._out_id = 0
         self.hit = self.prompt = self.requests = self.uncached = 0
 
@@ -148,29 +151,32 @@ class CacheSim:
         toks = array("q", prompt)
         toks.extend(range(-self._out_id - 1, -self._out_id - 1 - (T - L), -1))
         self._out_id += T - L
-        m = tree.match(toks[:L - 1], namespace)
+        m = tree.match(toks[:L - 1], namespace, rebuild=self.rebuild)
         self.hit, self.prompt, self.requests = self.hit + m.length, self.prompt + L, self.requests + 1
         if tree.mode == "off":
             return m.length
-        tree.lock(m.node)
-        q0, n = m.length // P, _cdiv(T, P)
+        window = not m.rebuild
+        tree.lock(m.node, window)
+        q0, qf, n = m.length // P, m.full_len // P, _cdiv(T, P)
         keep_new: list[int] = []
         if self.hybrid:
             keep = tree.keep_pages(T, L, m.prefix_len)
             keep.update(window_pages(n * P, self.window, P))   # the last window stays live
-            keep_new = sorted(i for i in keep if q0 <= i < n)
+            # A rebuild's SWA is exact only from swa_exact_from on (RadixTree.match).
+            lo = _cdiv(self.swa_exact_from(m), P)
+            keep_new = sorted(i for i in keep if lo <= i < n)
         # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
         transient = min(_cdiv(self.chunk, P) + 1, n - q0) if self.hybrid and self.chunk else 0
-        short_f = n - q0 - self.fa.num_free
+        short_f = n - qf - self.fa.num_free
         short_s = len(keep_new) + transient - self.sa.num_free if self.hybrid else 0
         if short_f > 0 or short_s > 0:
             tree.evict(max(short_f, 0), max(short_s, 0))
-        if (self.fa.num_free < n - q0
+        if (self.fa.num_free < n - qf
                 or (self.hybrid and self.sa.num_free < len(keep_new) + transient)):
             self.uncached += 1                  # bigger than the whole cache: run uncached
-            tree.unlock(m.node)
+            tree.unlock(m.node, window)
             return m.length
-        fp = self.fa.alloc(n - q0)
+        fp = self.fa.alloc(n - qf)
         swa = None
         if self.hybrid:
             swa = list(m.swa_pages) + [None] * (n - q0)
@@ -180,8 +186,13 @@ class CacheSim:
         self.fa.free(res.dup_full)
         if self.hybrid:
             self.sa.free(res.dup_swa)
-        tree.unlock(m.node)
+        tree.unlock(m.node, window)
         return m.length
+
+    def swa_exact_from(self, m) -> int:
+        """First position whose SWA KV is exact in every layer after a request admitted
+        with match `m` computed its prompt."""
+        return m.length + self.rebuild - (self.window - 1) if m.rebuild else m.length
 
     def run(self, reqs, progress=None, label: str = "", every_s: float = 5.0,
             check_every: int = 0) -> dict:
@@ -219,6 +230,8 @@ class CacheSim:
             # help by guessing) and checkpoints SWA-only eviction freed (pool pressure).
             out["window_cut_never_kept_rate"] = round(st["cut_never_kept"] / max(self.prompt, 1), 4)
             out["window_cut_evicted_rate"] = round(st["cut_evicted"] / max(self.prompt, 1), 4)
+            # Prompt tokens served by window rebuilds beyond the last kept window (in hit_rate).
+            out["rebuilt_rate"] = round(st["rebuilt_tokens"] / max(self.prompt, 1), 4)
             out["tree"] = {k: st[k] for k in ("nodes", "cached_tokens", "swa_live_pages",
                                               "swa_tombstones", "evicted_full", "evicted_swa",
                                               "tombstoned_swa", "revived_swa")}

@@ -32,6 +32,15 @@ class SeqKV:
     keep_swa: frozenset = frozenset()
     branch_len: int = 0        # where the request left the cached path at admission
     namespace: object = None   # its prefix-cache key space (None: plain token ids)
+    # A window rebuild (RadixTree.match): the request holds the cache's full pages up to
+    # `full_cached_to` but computes from `swa_floor` on. Its full layers must not write
+    # positions below full_cached_to (the shared pages already hold that KV); its SWA
+    # queries see no keys below swa_floor; its SWA KV is exact only from `swa_exact_from`
+    # on, so pages starting earlier are never offered to the cache. Zeros otherwise.
+    full_cached_to: int = 0
+    swa_floor: int = 0
+    swa_exact_from: int = 0
+    lock_window: bool = True   # its cache lock covers the SWA window (False: rebuild lock)
 
     @property
     def capacity_tokens(self) -> int:
@@ -68,10 +77,11 @@ class DualPool:
 
     # ---- sizing questions the scheduler asks -------------------------------------------
     def pages_to_grow(self, seq: SeqKV, new_len: int) -> tuple[int, int]:
-        """(full, swa) pages `grow(seq, new_len)` would allocate."""
-        need = _cdiv(new_len, self.page_size) - len(seq.full_pages)
-        need = max(need, 0)
-        return need, (need if self.hybrid else 0)
+        """(full, swa) pages `grow(seq, new_len)` would allocate. (They differ only for a
+        window rebuild, whose full pages run ahead of its SWA pages.)"""
+        n = _cdiv(new_len, self.page_size)
+        need = max(n - len(seq.full_pages), 0)
+        return need, (max(n - len(seq.swa_pages), 0) if self.hybrid else 0)
 
     def can_grow(self, seq: SeqKV, new_len: int, reserve: tuple[int, int] = (0, 0)) -> bool:
         f, s = self.pages_to_grow(seq, new_len)
@@ -87,21 +97,24 @@ class DualPool:
     def grow(self, seq: SeqKV, new_len: int) -> None:
         """Allocate pages so positions [0, new_len) have slots in both pools. All or nothing."""
         f, s = self.pages_to_grow(seq, new_len)
-        if f == 0:
+        if f == 0 and s == 0:
             return
         if self.full.allocator.num_free < f or self.swa.allocator.num_free < s:
             raise OutOfPages(f"need {f} full + {s} SWA pages; free "
                              f"{self.full.allocator.num_free} full, {self.swa.allocator.num_free} SWA")
-        fp = self.full.allocator.alloc(f)
+        fp = self.full.allocator.alloc(f) if f else []
         sp = self.swa.allocator.alloc(s) if s else []
         first = len(seq.full_pages)
         seq.full_pages.extend(fp)
         if self.hybrid:
+            # SWA pages beside full pages the request already held (a rebuild's, the prefix
+            # cache's) stay unmapped: those full pages are shared, their map is the cache's.
             seq.swa_pages.extend(sp)
             if self.full_to_swa is not None:
                 P = self.page_size
                 ar = torch.arange(P)
-                for j, (fpage, spage) in enumerate(zip(fp, sp)):
+                for j in range(first, len(seq.full_pages)):
+                    fpage, spage = seq.full_pages[j], seq.swa_pages[j]
                     self.full_to_swa[fpage * P:(fpage + 1) * P] = spage * P + ar
         assert len(seq.full_pages) == first + f
 

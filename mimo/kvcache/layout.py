@@ -41,6 +41,13 @@ class KVLayout:
     def swa_bytes_per_token(self) -> int:
         return sum(l.elems for l in self.swa) * self.dtype_bytes
 
+    @property
+    def swa_receptive_field(self) -> int:
+        """Tokens before a position that its SWA KV depends on through the chain of SWA
+        layers (each sees window - 1 earlier tokens; full layers read cached keys, so they
+        add none when those are cached): what a window rebuild recomputes."""
+        return len(self.swa) * (self.window - 1) if self.hybrid else 0
+
     def request_bytes(self, context: int, page_size: int) -> int:
         """Bytes one request of `context` tokens holds once its window is released."""
         full = self.full_bytes_per_token * context

@@ -24,10 +24,13 @@ from .retention import POLICIES, RetentionPolicy
 
 
 class PrefixCache(PrefixMatch):
-    def __init__(self, pool: DualPool, retention: str | RetentionPolicy = "hybrid-output"):
+    def __init__(self, pool: DualPool, retention: str | RetentionPolicy = "hybrid-output",
+                 rebuild: bool = True):
         policy = POLICIES[retention] if isinstance(retention, str) else retention
         self.pool = pool
         self.P = pool.page_size
+        # Window rebuild (RadixTree.match): the SWA receptive field in tokens, 0 when off.
+        self.rebuild = pool.layout.swa_receptive_field if rebuild and pool.hybrid else 0
         self.tree = RadixTree(pool.page_size, pool.window, pool.full.allocator,
                               pool.swa.allocator if pool.hybrid else None, policy,
                               mode="hybrid" if pool.hybrid else "full-kv",
@@ -48,7 +51,7 @@ class PrefixCache(PrefixMatch):
     # ---- admission -------------------------------------------------------------------
     def cached_len(self, prompt_ids: list[int], namespace=None) -> int:
         """Prompt tokens a request admitted now would reuse (no side effects)."""
-        return self.tree.peek(prompt_ids[:-1], namespace)
+        return self.tree.peek(prompt_ids[:-1], namespace, self.rebuild)
 
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
               namespace=None) -> int:
@@ -59,19 +62,34 @@ class PrefixCache(PrefixMatch):
         a multimodal prompt; None for text), kept for the request's later syncs and insert.
         Returns cached tokens."""
         seq.namespace = namespace
-        m = self.tree.match(tokens[:-1], namespace)
+        m = self.tree.match(tokens[:-1], namespace, rebuild=self.rebuild)
         seq.branch_len = m.prefix_len
+        if m.rebuild:
+            # The request recomputes [length, full_len) for its SWA layers only; see SeqKV.
+            seq.full_cached_to, seq.swa_floor = m.full_len, m.length
+            seq.swa_exact_from = m.length + self.rebuild - (self.pool.window - 1)
+            seq.lock_window = False
         if self.pool.hybrid and not self.tree.policy.keep_all:
-            seq.keep_swa = frozenset(self.tree.keep_pages(max_len, prompt_len, m.prefix_len))
-        if not m.length:
+            exact = -(-seq.swa_exact_from // self.P)
+            seq.keep_swa = frozenset(p for p in self.tree.keep_pages(max_len, prompt_len,
+                                                                     m.prefix_len) if p >= exact)
+        if not m.full_len:
             return 0
-        self.tree.lock(m.node)
+        self.tree.lock(m.node, seq.lock_window)
         seq.node = m.node
         seq.full_pages = list(m.full_pages)
         if self.pool.hybrid:
             seq.swa_pages = list(m.swa_pages)
             seq.swa_released = m.swa_first
         return m.length
+
+    def _offered_swa(self, seq: SeqKV, n: int):
+        """The request's SWA pages of its first n logical pages that the cache may take:
+        none starting before `swa_exact_from` (a rebuild's inexact SWA KV)."""
+        if not self.pool.hybrid:
+            return None
+        exact = -(-seq.swa_exact_from // self.P)
+        return [None if i < exact else p for i, p in enumerate(seq.swa_pages[:n])]
 
     # ---- while running / at the end -----------------------------------------------------
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
@@ -80,29 +98,29 @@ class PrefixCache(PrefixMatch):
         n = len(tokens) // self.P
         if n == 0:
             return
-        swa = seq.swa_pages[:n] if self.pool.hybrid else None
-        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, seq.namespace,
-                         prompt_len=prompt_len, revive=False, branch_len=seq.branch_len)
+        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], self._offered_swa(seq, n),
+                         seq.namespace, prompt_len=prompt_len, revive=False,
+                         branch_len=seq.branch_len)
         # Pages the tree did not take stay the request's own until it finishes.
         m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False)
         if m.node is not seq.node and m.length >= (seq.node.end if seq.node else 0):
             self.tree.lock(m.node)
-            self.tree.unlock(seq.node)
-            seq.node = m.node
+            self.tree.unlock(seq.node, seq.lock_window)
+            seq.node, seq.lock_window = m.node, True
 
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
         """Offer the finished (or aborted) request's KV to the tree, then let go of
         everything. `tokens`: the tokens whose KV is computed."""
         n = len(tokens) // self.P
         if n:
-            swa = seq.swa_pages[:n] if self.pool.hybrid else None
-            res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], swa, seq.namespace,
+            res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n],
+                                   self._offered_swa(seq, n), seq.namespace,
                                    prompt_len=prompt_len, branch_len=seq.branch_len)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)
-        node, seq.node = seq.node, None
+        node, seq.node, window = seq.node, None, seq.lock_window
         self.pool.free_seq(seq)        # frees only pages the tree does not own
-        self.tree.unlock(node)
+        self.tree.unlock(node, window)
 
     # ---- room ---------------------------------------------------------------------------
     def make_room(self, full: int, swa: int) -> None:

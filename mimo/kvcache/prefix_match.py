@@ -54,6 +54,8 @@ COUNTERS = {
                       "was ever kept where they end (a fork retention did not foresee)",
     "cut_evicted": "prompt tokens equal to a cached prefix but not reused: the SWA window "
                    "where they end was evicted (SWA pool pressure)",
+    "rebuilt_tokens": "prompt tokens reused past a missing SWA window by recomputing only the "
+                      "SWA layers' receptive field before the cached prefix's end",
     "evicted_full": "full pages freed by evicting cached nodes",
     "evicted_swa": "SWA pages freed by evicting cached nodes",
     "tombstoned_swa": "SWA pages freed alone, their full KV kept (SWA-only eviction)",

@@ -217,7 +217,9 @@ class EvictMixin:
                 want = IN_USE if i in n.swa_lock else EVICTABLE
                 assert self.swa_alloc._state[sp] == want, f"SWA page {sp} in wrong state"
                 evict_s += want == EVICTABLE
-            if not n.children:
+            if not n.children and not n.lock_ref:
+                # (A locked leaf's window is locked, so live, except under a rebuild lock:
+                # that request recomputes it, and unlock fixes the leaf if it must.)
                 assert all(m.swa[i] >= 0 for m, i in self._window(n)), \
                     f"leaf ending at {n.end} is not window-safe (tombstoned tail)"
         assert int(self._own_f.sum()) == len(seen_f) and all(self._own_f[list(seen_f)])

@@ -46,6 +46,14 @@ class MatchResult:
     full_pages: list[int] = field(default_factory=list)           # one per page of `length`
     swa_pages: list[int | None] = field(default_factory=list)     # None outside the window
     swa_first: int = 0          # first logical page with SWA in swa_pages (window start)
+    # Tokens whose full KV the match hands over (full_pages covers them). Equal to `length`
+    # unless the match is a window rebuild: then the full KV runs on to `full_len` and the
+    # request recomputes [length, full_len) only for its SWA layers (`RadixTree.match`).
+    full_len: int = 0
+
+    @property
+    def rebuild(self) -> bool:
+        return self.full_len > self.length
 
 
 @dataclass

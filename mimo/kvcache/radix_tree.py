@@ -14,7 +14,9 @@ Invariants (all checked by `check_integrity`):
   can still be freed;
 - every leaf's end is window-safe: a leaf is never a tombstone and no full KV is cached that
   no window-safe match could reach. Insert trims to the last safe point, SWA eviction never
-  frees a page inside a leaf's tail window, and evicting a leaf trims its parent if needed;
+  frees a page inside a leaf's tail window, and evicting a leaf trims its parent if needed
+  (one exception while it lasts: a leaf under a rebuild lock, `match(rebuild=...)`, whose
+  request recomputes that window; unlocking it trims it if the request did not extend it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
 
@@ -70,7 +72,7 @@ class RadixTree(TreeCore, EvictMixin):
         self._heap_cap = 65536                  # compact a heap that grows past this
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0,
-                             cut_never_kept=0, cut_evicted=0)
+                             cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0)
 
     def owns_full(self, page: int) -> bool:
         """Whether the tree holds this full page (a request must never free it)."""
@@ -80,24 +82,40 @@ class RadixTree(TreeCore, EvictMixin):
         return self.hybrid and bool(self._own_s[page])
 
     # ---- match / lock ------------------------------------------------------------------
-    def match(self, tokens, namespace: Hashable = None, count: bool = True) -> MatchResult:
+    def match(self, tokens, namespace: Hashable = None, count: bool = True,
+              rebuild: int = 0) -> MatchResult:
         """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
         passes the prompt without its last token, which it must compute anyway. The match
-        node is split so that it ends exactly at `length`. `count=False`: a lookup that is
-        not a request's admission (kept out of the hit counters)."""
+        node is split so that it ends exactly at `full_len`. `count=False`: a lookup that is
+        not a request's admission (kept out of the hit counters).
+
+        `rebuild` (tokens, 0: off): the model's SWA receptive field, (window - 1) times its
+        SWA layers. When the window before the token-equal end E is gone, a request can
+        still start about `rebuild` tokens before E (`_rebuild_start`) instead of the last
+        window-safe point: it recomputes from there to E for the SWA layers only, reading
+        the cached full KV of the whole prefix, and the SWA KV it gets for the window
+        before E is exact (each SWA layer widens the region its garbage-free input needs by
+        window - 1 tokens; the full layers read cached keys, so they widen nothing). Such a
+        match has `full_len` = E > `length`, hands over no SWA pages, and is locked with
+        `lock(node, window=False)`."""
         self.counters["matches"] += count
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return MatchResult(0, 0, root)
         P, now = self.P, self._tick()
         path, m, q = self._lookup(root, tokens)
+        q_full = q
+        r = self._rebuild_start(m, rebuild) if self.hybrid and rebuild > 0 else 0
+        if r > q:
+            self.counters["rebuilt_tokens"] += (r - q) * P * count
+            q, q_full = r, m // P
         if self.hybrid and count and m > q * P:
             self._count_cut(path, m, q * P)     # before the splits below reshape `path`
         node, done, full = root, 0, []
         for n, k in path:
-            if done == q:
+            if done == q_full:
                 break
-            take = min(k, q - done)
+            take = min(k, q_full - done)
             if take < len(n.full):
                 n = self._split(n, take)
             full.extend(n.full)
@@ -105,18 +123,28 @@ class RadixTree(TreeCore, EvictMixin):
             n.time = now
             self._push_leaf(n)
             node = n
-        res = MatchResult(q * P, m, node, full)
+        res = MatchResult(q * P, m, node, full, full_len=q_full * P)
         self.counters["matched_tokens"] += q * P * count
         self.counters["prefix_tokens"] += m * count
         if self.hybrid:
             res.swa_first = window_first_page(q * P, self.W, P)
             res.swa_pages = [None] * q
+            if res.rebuild:
+                res.swa_first = q           # the request computes all its SWA from q on
+                return res
             for n, i in self._window(node):
                 res.swa_pages[n.start // P + i] = n.swa[i]
                 if n.swa_time != now:
                     n.swa_time = now
                     self._push_swa(n)
         return res
+
+    def _rebuild_start(self, end: int, rebuild: int) -> int:
+        """First page of a rebuild ending at `end` (0: none). Its SWA KV is exact from
+        start + rebuild - (W - 1) on; the start is chosen so that this is no later than the
+        first page of the window before `end`, so the whole window can be kept."""
+        first = window_first_page(end, self.W, self.P) * self.P
+        return max((first - (rebuild - (self.W - 1))) // self.P, 0)
 
     def _count_cut(self, path, m: int, length: int) -> None:
         """Why a window cut happened: the window before the token-equal end `m` has a page
@@ -127,13 +155,16 @@ class RadixTree(TreeCore, EvictMixin):
                                                      m // self.P))
         self.counters["cut_never_kept" if never else "cut_evicted"] += m - length
 
-    def peek(self, tokens, namespace: Hashable = None) -> int:
+    def peek(self, tokens, namespace: Hashable = None, rebuild: int = 0) -> int:
         """The length `match` would return, without splitting, touching or counting: the
         scheduler's estimate of a waiting request's cached tokens."""
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return 0
-        return self._lookup(root, tokens)[2] * self.P
+        _, m, q = self._lookup(root, tokens)
+        if self.hybrid and rebuild > 0 and m > q * self.P:
+            q = max(q, self._rebuild_start(m, rebuild))
+        return q * self.P
 
     def _lookup(self, root: Node, tokens) -> tuple[list, int, int]:
         """(path, tokens equal to a cached path, window-safe pages of them): the read-only
@@ -145,9 +176,11 @@ class RadixTree(TreeCore, EvictMixin):
             q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
         return path, m, q
 
-    def lock(self, node: Node | None) -> None:
+    def lock(self, node: Node | None, window: bool = True) -> None:
         """Keep the full KV of root..node and the SWA window before node.end (the pages a
-        request admitted with this match reads) from eviction."""
+        request admitted with this match reads) from eviction. `window=False`: the full KV
+        only (a rebuild match, whose window is what the request recomputes); unlock the
+        same way."""
         if node is None or node.parent is None:
             return
         n = node
@@ -156,17 +189,17 @@ class RadixTree(TreeCore, EvictMixin):
             if n.lock_ref == 1:
                 self.full_alloc.unpark(n.full)
             n = n.parent
-        for n, i in (self._window(node) if self.hybrid else ()):
+        for n, i in (self._window(node) if self.hybrid and window else ()):
             assert n.swa[i] >= 0, "locking a window that is not live"
             c = n.swa_lock.get(i, 0)
             n.swa_lock[i] = c + 1
             if c == 0:
                 self.swa_alloc.unpark([n.swa[i]])
 
-    def unlock(self, node: Node | None) -> None:
+    def unlock(self, node: Node | None, window: bool = True) -> None:
         if node is None or node.parent is None:
             return
-        for n, i in (self._window(node) if self.hybrid else ()):
+        for n, i in (self._window(node) if self.hybrid and window else ()):
             c = n.swa_lock[i] - 1
             if c:
                 n.swa_lock[i] = c
@@ -182,6 +215,10 @@ class RadixTree(TreeCore, EvictMixin):
                 self.full_alloc.park(n.full)
                 self._push_leaf(n)
             n = n.parent
+        if not window and self.hybrid and node.alive and not node.children and not node.lock_ref:
+            # A rebuild lock may have kept a leaf whose window is gone (its subtree was
+            # evicted meanwhile and the request did not extend it): cut it back to safety.
+            self._fix_leaf(node)
 
     # ---- insert ------------------------------------------------------------------------
     def checkpoints(self, total_len: int, prompt_len: int | None, branch_len: int) -> list[int]:

@@ -174,7 +174,7 @@ class MTPDrafter(Drafter):
         spans, ids, pos, row = [], [], [], 0
         for s, a, toks, _ in items:
             n = len(toks)
-            spans.append((row, a, n, s.kv))
+            spans.append((row, a, n, s.kv, s.kv.swa_floor, 0))   # (see ModelRunner.prepare)
             ids.extend(toks)
             pos.extend(range(a, a + n))
             row += n

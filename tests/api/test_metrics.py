@@ -44,3 +44,24 @@ def test_window_cuts_and_evictions_are_exported():
     assert got[(freed, (("how", "swa_only"), ("pool", "swa")))] == 0
     assert got[("mimo_prefix_cache_revived_swa_pages_total", ())] == 0
     assert fa.num_free == fa.capacity and sa.num_free == sa.capacity
+
+
+def test_window_rebuilds_are_exported():
+    # Gemma 3 270M: 15 SWA layers of window 512, so a rebuild recomputes 15 * 511 tokens.
+    pool = DualPool(shape_layout("gemma-3-270m"), 1024, 1024, 16, allocate=False)
+    cache = PrefixCache(pool, RetentionPolicy(branch=False))
+    tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
+    metrics = Metrics()
+    metrics.watch_prefix_cache(cache)
+    toks = list(range(12288))
+    res = tree.insert(toks, fa.alloc(768), sa.alloc(768), prompt_len=12288)
+    fa.free(res.dup_full)
+    sa.free(res.dup_swa)
+    # A fork at 9216: its window (from 8705, page 544) comes out exact from a start at
+    # 8704 - (7665 - 511) = 1550, page-aligned down: 1536 tokens reused, 7680 cut.
+    m = tree.match(toks[:9216] + [10**6], rebuild=cache.rebuild)
+    assert (m.length, m.full_len) == (1536, 9216)
+    got = samples(metrics)
+    assert got[("mimo_prefix_cache_rebuilt_tokens_total", ())] == 1536
+    cut = "mimo_prefix_cache_window_cut_tokens_total"
+    assert got[(cut, (("cause", "never_kept"),))] == 9216 - 1536

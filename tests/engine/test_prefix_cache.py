@@ -9,6 +9,8 @@ import torch
 
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
 from mimo import LLM, SamplingParams
+from mimo.engine.decode_step import PlainDecode
+from mimo.engine.prefill_step import PrefillStep
 
 PAGE, WINDOW = 8, 32
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -27,6 +29,26 @@ def make(loaded, cache=True, **kw):
     return LLM("tiny", loaded=loaded, **opts)
 
 
+class LogitRecorder(PlainDecode):
+    """Plain greedy decoding that keeps the logits of every sampled row: a stricter check
+    than equal tokens (a slightly wrong KV rarely flips a tiny model's argmax)."""
+
+    def __init__(self):
+        self.rows: list[torch.Tensor] = []
+
+    def execute(self, runner, head, chunks):
+        hidden = runner.execute(chunks)
+        self.rows.extend(head.logits(hidden))
+        from mimo.gpu.sampling import sample
+        sampled = [c for c in chunks if c.sample]
+        return [[t] for t in sample(head, hidden, [c.seq.params for c in sampled],
+                                    [c.seq.generator for c in sampled])]
+
+    def take(self) -> torch.Tensor:
+        out, self.rows = torch.stack(self.rows), []
+        return out
+
+
 def ids(n, seed):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, 512, (n,), generator=g).tolist()
@@ -41,9 +63,11 @@ def run(llm, prompts, params=GREEDY):
     return outs
 
 
-def brute_force_safe_len(tree, tokens) -> int:
+def brute_force_safe_len(tree, tokens, rebuild: int = 0) -> int:
     """Longest page-aligned L <= len(tokens) whose pages all have cached full KV along the
-    path of `tokens` and whose window (positions [L - W + 1, L)) has live SWA."""
+    path of `tokens` and whose window (positions [L - W + 1, L)) has live SWA. `rebuild`
+    (tokens): a request may instead start about `rebuild` tokens before the end E of the
+    cached full KV and recompute the SWA window there: max of the two."""
     P, W = tree.P, tree.W
     full_ok, swa_ok = [], []
     node = tree._roots.get(None)
@@ -67,7 +91,17 @@ def brute_force_safe_len(tree, tokens) -> int:
         first = max(L - W + 1, 0) // P
         if all(swa_ok[first:q]):
             best = L
+    if rebuild:
+        # Start early enough that SWA is exact (from start + rebuild - (W - 1)) on every
+        # page of E's window, whose first page starts at (E - W + 1) // P * P.
+        E = min(len(full_ok), len(tokens) // P) * P
+        first = (E - W + 1) // P * P
+        best = max(best, (first - (rebuild - (W - 1))) // P * P)
     return best
+
+
+# The tiny Gemma 3 recomputes (window - 1) tokens per SWA layer (5 of its 6) in a rebuild.
+RECEPTIVE = 5 * (WINDOW - 1)
 
 
 def test_repeated_prompt_is_served_from_cache(loaded):
@@ -80,15 +114,27 @@ def test_repeated_prompt_is_served_from_cache(loaded):
     assert first.token_ids == second.token_ids == off[0].token_ids
 
 
-def test_prompts_sharing_a_1500_token_prefix(loaded):
+@pytest.mark.parametrize("rebuild", [False, True], ids=["cut-back", "window-rebuild"])
+def test_prompts_sharing_a_1500_token_prefix(loaded, rebuild):
     prefix = ids(1500, 2)
     a, b, c = (prefix + ids(40 + 7 * i, 10 + i) for i in range(3))
-    want = run(make(loaded, cache=False), [a, b, c])
-    llm = make(loaded)
+    ref, rec = LogitRecorder(), LogitRecorder()
+    off = make(loaded, cache=False, decode_step=ref)
+    want = [run(off, [p])[0] for p in (a, b)]
+    want_b_logits = ref.take()[-GREEDY.max_tokens:]
+    want += run(off, [c])
+    llm = make(loaded, window_rebuild=rebuild, decode_step=rec)
     tree = llm.engine.cache.tree
     out_a = run(llm, [a])[0]
-    expect_b = brute_force_safe_len(tree, b[:-1])
+    # b forks off a's path at 1500, where a kept no window: cut back to a's last window,
+    # or (rebuild) to RECEPTIVE tokens before 1496.
+    expect_b = brute_force_safe_len(tree, b[:-1], RECEPTIVE * rebuild)
+    if rebuild:
+        assert expect_b > brute_force_safe_len(tree, b[:-1])
+    rec.take()
     out_b = run(llm, [b])[0]
+    # Every logit of b, not only its tokens: the KV b computed after its match is exact.
+    torch.testing.assert_close(rec.take(), want_b_logits, rtol=1e-4, atol=1e-4)
     # b branched at 1500 and kept that window: c reuses the whole shared prefix.
     expect_c = brute_force_safe_len(tree, c[:-1])
     out_c = run(llm, [c])[0]
@@ -98,23 +144,32 @@ def test_prompts_sharing_a_1500_token_prefix(loaded):
     assert [o.token_ids for o in (out_a, out_b, out_c)] == [w.token_ids for w in want]
 
 
-def test_match_is_cut_back_when_interior_swa_was_evicted(loaded):
+@pytest.mark.parametrize("rebuild", [False, True], ids=["cut-back", "window-rebuild"])
+def test_match_is_cut_back_when_interior_swa_was_evicted(loaded, rebuild):
     prefix = ids(1200, 3)
     a = prefix + ids(30, 4)
     b = prefix[:1100] + ids(50, 5)
     fillers = [ids(300, 100 + i) for i in range(6)]
-    want = run(make(loaded, cache=False), [a, *fillers, b])
+    ref, rec = LogitRecorder(), LogitRecorder()
+    want = run(make(loaded, cache=False, decode_step=ref), [a, *fillers, b])
+    want_b_logits = ref.take()[-GREEDY.max_tokens:]
     # A small SWA pool: the fillers' windows push a's retained SWA out while its full KV
     # (a roomy full pool) stays.
-    llm = make(loaded, kv_cache_memory="6MiB", swa_share=0.07, max_num_batched_tokens=64)
+    llm = make(loaded, kv_cache_memory="6MiB", swa_share=0.07, max_num_batched_tokens=64,
+               window_rebuild=rebuild, decode_step=rec)
     tree = llm.engine.cache.tree
     outs = run(llm, [a, *fillers])
     assert tree.counters["tombstoned_swa"] > 0
-    expect = brute_force_safe_len(tree, b[:-1])
+    safe = brute_force_safe_len(tree, b[:-1])
+    expect = brute_force_safe_len(tree, b[:-1], RECEPTIVE * rebuild)
     m_prefix = tree.match(b[:-1], count=False).prefix_len
-    assert m_prefix >= 1096 > expect, "the test needs b's shared prefix cut back"
+    assert m_prefix >= 1096 > safe + RECEPTIVE, "the test needs b's shared prefix cut back"
+    rec.take()
     out_b = run(llm, [b])[0]
     assert out_b.cached_tokens == expect
+    torch.testing.assert_close(rec.take(), want_b_logits, rtol=1e-4, atol=1e-4)
+    if rebuild:     # it recomputed only the receptive field before the fork
+        assert m_prefix - RECEPTIVE - 2 * PAGE <= expect <= m_prefix - RECEPTIVE
     assert [o.token_ids for o in outs + [out_b]] == [w.token_ids for w in want]
 
 
@@ -197,3 +252,39 @@ def test_random_concurrent_traffic_matches_cache_off(loaded, trial):
             eng.check_integrity()
         assert [s.output_ids for s in seqs] == [w.token_ids for w in want]
     assert eng.cache.tree.counters["matched_tokens"] > 0
+
+
+def test_a_rebuild_aborted_midway_leaves_no_inexact_swa_in_the_cache(loaded):
+    """Stopped inside its rebuild, a request's SWA KV is still inexact in the upper layers:
+    none of it may become a cached window (where the request stopped is a checkpoint the
+    tree would like). The same prompt afterwards gives exactly the uncached logits."""
+    prefix = ids(1500, 2)
+    a, b = prefix + ids(40, 10), prefix + ids(47, 11)
+    ref, rec = LogitRecorder(), LogitRecorder()
+    off = make(loaded, cache=False, decode_step=ref)
+    run(off, [b])
+    want = ref.take()
+    class SmallChunks(PrefillStep):     # b's prefill in 32-token steps
+        small = False
+
+        def plan(self, seq, remaining, budget, room):
+            return min(super().plan(seq, remaining, budget, room), 32 if self.small else budget)
+
+    chunks = SmallChunks()
+    llm = make(loaded, decode_step=rec, prefill_step=chunks)
+    eng = llm.engine
+    run(llm, [a])
+    chunks.small = True
+    seq = eng.add_request(b, GREEDY)
+    while seq.num_computed == 0:
+        eng.step()
+    start = seq.kv.swa_floor        # the rebuild's first position (its cached tokens)
+    eng.step()      # one more chunk: still short of where its SWA becomes exact
+    assert 0 < start < seq.num_computed < seq.kv.swa_exact_from
+    assert seq.kv.full_cached_to == 1496
+    eng.abort(seq)
+    eng.check_integrity()
+    rec.take()
+    out = run(llm, [b])[0]
+    assert out.cached_tokens == start
+    torch.testing.assert_close(rec.take(), want, rtol=1e-4, atol=1e-4)

@@ -244,3 +244,57 @@ def test_real_policy_keeps_only_checkpoint_windows():
     assert tree.match(seq(39)).length == 0
     assert {fa._state[v[0]] for v in flatten(tree).values()} == {EVICTABLE}
     assert sa.num_free == 60 and sa.num_evictable == 4
+
+
+def test_rebuild_match_hands_over_full_kv_past_a_dead_window():
+    """A fork where no window was kept: with `rebuild` (the SWA receptive field) the match
+    starts that many tokens (page-aligned so the whole window before the fork comes out
+    exact) before the fork and hands over the full KV up to it; no SWA pages."""
+    R = 3 * (W - 1)                             # three SWA layers' receptive field
+    tree, fa, sa = make()
+    run(tree, seq(80), live={18, 19})           # only the tail window is live
+    fork = seq(60) + [999] * 8
+    assert tree.match(fork, count=False).length == 0
+    assert tree.peek(fork, rebuild=R) == 36
+    m = tree.match(fork, rebuild=R)
+    # The window before 60 is pages 13, 14 (positions 53..59); SWA is exact from
+    # start + R - (W - 1), so start = (52 - 14) // 4 pages = 9.
+    assert (m.length, m.full_len, m.prefix_len, m.rebuild) == (36, 60, 60, True)
+    assert len(set(m.full_pages)) == 15
+    assert m.swa_pages == [None] * 9 and m.swa_first == 9
+    assert tree.counters["rebuilt_tokens"] == 36
+    assert tree.match(seq(60) + [999] * 8, rebuild=60, count=False).full_len == 0  # too far back
+    # The request: full KV of [0, 60) is the tree's; it computes SWA from 36 and full from
+    # 60; SWA of pages starting before 36 + R - (W - 1) = 50 is inexact and never offered.
+    tree.lock(m.node, window=False)
+    assert [fa._state[p] for p in m.full_pages] == [IN_USE] * 15
+    n = len(fork) // P
+    full = m.full_pages + fa.alloc(n - 15)
+    swa = [None] * 9 + sa.alloc(n - 9)
+    offered = [s if i >= 13 else None for i, s in enumerate(swa)]
+    sa.free([s for s, o in zip(swa, offered) if s is not None and o is None])
+    res = tree.insert(fork, full, offered)
+    fa.free(res.dup_full)
+    sa.free(res.dup_swa)
+    tree.unlock(m.node, window=False)
+    tree.check_integrity()
+    # The window before the fork was revived from the rebuild (pages 13, 14), and the
+    # inexact pages 9..12 stayed tombstones: the fork point is window-safe now.
+    assert tree.match(seq(60), count=False).length == 60
+    assert tree.match(seq(52), count=False).length == 0
+    assert tree.match(fork, count=False).length == 68
+
+
+def test_rebuild_lock_keeps_full_kv_and_unlock_trims_a_dead_leaf():
+    R = 3 * (W - 1)
+    tree, fa, sa = make()
+    run(tree, seq(80), live={18, 19})
+    m = tree.match(seq(60) + [999] * 8, rebuild=R)
+    tree.lock(m.node, window=False)
+    tree.evict(64, 64)          # everything unlocked: the tail node and its window
+    tree.check_integrity()      # a rebuild-locked leaf may end in a dead window
+    assert fa.num_in_use == 15 and sa.num_in_use == 0
+    assert tree.match(seq(80), count=False).prefix_len == 60
+    tree.unlock(m.node, window=False)
+    tree.check_integrity()      # ... but not once unlocked: no window-safe end is left
+    assert tree.stats()["nodes"] == 0 and fa.num_free == 64 and sa.num_free == 64
