@@ -229,3 +229,27 @@ def test_preempted_requests_resume_with_identical_tokens(hf_model):
     got = _step_all(llm, prompts, params)
     assert sum(g.preemptions for g in got) > 0
     assert [g.output_ids for g in got] == [w.output_ids for w in want]
+
+
+def test_window_rebuild_with_mtp_layers_gives_plain_tokens(hf_model):
+    """A window rebuild recomputes the SWA receptive field of the main and MTP layers alike
+    ((3 + K) x (window - 1) tokens here): with drafting on, the tokens after it equal plain
+    decoding without any cache."""
+    loaded = _loaded(hf_model)
+    rng = random.Random(3)
+    shared = [rng.randrange(3, 300) for _ in range(64)]
+    a = shared + [rng.randrange(3, 300) for _ in range(20)]
+    b = shared + [rng.randrange(3, 300) for _ in range(9)]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    opts = {**OPTS, "max_num_batched_tokens": 128}   # one chunk: a keeps no window at 64
+    plain = LLM("tiny", loaded=loaded, prefix_cache=False, **opts)
+    want = [_step_all(plain, [p], params)[0].output_ids for p in (a, b)]
+    llm = LLM("tiny", loaded=loaded, speculative="mtp", **opts)
+    tree, W = llm.engine.cache.tree, llm.engine.runner.window
+    got_a = _step_all(llm, [a], params)[0]
+    safe = tree.match(b[:-1], count=False).length
+    got_b = _step_all(llm, [b], params)[0]
+    R = (3 + K) * (W - 1)
+    assert llm.engine.cache.rebuild == R
+    assert safe < got_b.cached_tokens <= 64 - R
+    assert [got_a.output_ids, got_b.output_ids] == want
