@@ -77,18 +77,25 @@ class EvictMixin:
     # ---- SWA-only eviction ----------------------------------------------------------------
     def _min_leaf_end(self, node) -> int:
         """Smallest leaf end in node's subtree among those whose tail window can reach back
-        into node (ends before node.end + W - 1); larger ends protect nothing here."""
+        into node (ends before node.end + W - 1); larger ends protect nothing here. Nor does
+        a leaf whose window is already dead (only a rebuild-locked leaf can be one: its
+        request recomputes that window; unlocking trims the leaf if it must)."""
+        limit = node.end + self.W - 1
         if not node.children:
-            return node.end
-        limit, best = node.end + self.W - 1, None
+            return node.end if self._protects(node) else limit
+        best = None
         stack = list(node.children.values())
         while stack:
             c = stack.pop()
             if not c.children:
-                best = c.end if best is None else min(best, c.end)
+                if self._protects(c):
+                    best = c.end if best is None else min(best, c.end)
             elif c.end < limit:
                 stack.extend(c.children.values())
         return best if best is not None else limit
+
+    def _protects(self, leaf) -> bool:
+        return not leaf.lock_ref or all(m.swa[i] >= 0 for m, i in self._window(leaf))
 
     def _freeable(self, node) -> list[int]:
         """Local indices of live SWA pages that no lock and no leaf's tail window needs."""

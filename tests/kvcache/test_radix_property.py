@@ -45,12 +45,23 @@ class TreeMachine(RuleBasedStateMachine):
         self.history: list = []
 
     # ---- helpers -----------------------------------------------------------------------
-    def check_match(self, toks, ns, m):
+    def check_match(self, toks, ns, m, rebuild=0):
         want = brute_match(self.flat, ns, toks, self.P, self.W, self.hybrid)
-        assert (m.length, m.prefix_len) == want, (m.length, m.prefix_len, want)
-        q = m.length // self.P
-        assert m.full_pages == [self.flat[key(ns, toks, i, self.P)][0] for i in range(q)]
-        if self.hybrid:
+        P, W = self.P, self.W
+        full_len = want[0]
+        if rebuild and self.hybrid and want[1] > want[0]:
+            # A rebuild starts early enough that SWA comes out exact (from start + rebuild
+            # - (W - 1)) on the first page of the window before the token-equal end.
+            start = ((want[1] - W + 1) // P * P - (rebuild - (W - 1))) // P * P
+            if start > want[0]:
+                want, full_len = (start, want[1]), want[1]
+        assert (m.length, m.prefix_len) == want, (m.length, m.prefix_len, want, rebuild)
+        assert m.full_len == full_len and m.rebuild == (full_len > m.length)
+        assert m.full_pages == [self.flat[key(ns, toks, i, P)][0] for i in range(full_len // P)]
+        q = m.length // P
+        if m.rebuild:
+            assert m.swa_pages == [None] * q
+        elif self.hybrid:
             need = needed_pages(m.length, self.W, self.P)
             for i in range(q):
                 s = self.flat[key(ns, toks, i, self.P)][1]
@@ -86,35 +97,41 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(toks=tokens, ns=st.sampled_from([None, "img"]), data=st.data())
     def start(self, toks, ns, data):
         self.history.append((toks, ns))
-        m = self.tree.match(toks, ns)
-        self.check_match(toks, ns, m)
-        self.tree.lock(m.node)
-        P, q0 = self.P, m.length // self.P
+        # Window rebuild: the receptive field of 0 (off) to 3 SWA layers.
+        rebuild = data.draw(st.integers(0, 3)) * (self.W - 1)
+        m = self.tree.match(toks, ns, rebuild=rebuild)
+        self.check_match(toks, ns, m, rebuild)
+        window = not m.rebuild
+        self.tree.lock(m.node, window)
+        P, q0, qf = self.P, m.length // self.P, m.full_len // self.P
         n = -(-len(toks) // P)
         need_s = n - q0 if self.hybrid else 0
-        short_f, short_s = n - q0 - self.fa.num_free, need_s - self.sa.num_free
+        short_f, short_s = n - qf - self.fa.num_free, need_s - self.sa.num_free
         if short_f > 0 or short_s > 0:
             self.evict_checked(max(short_f, 0), max(short_s, 0))
         try:
-            fp = self.fa.alloc(n - q0)
+            fp = self.fa.alloc(n - qf)
+            try:
+                sp = self.sa.alloc(need_s)
+            except OutOfPages:
+                self.fa.free(fp)
+                raise
         except OutOfPages:
-            self.tree.unlock(m.node)
-            return
-        try:
-            sp = self.sa.alloc(need_s)
-        except OutOfPages:
-            self.fa.free(fp)
-            self.tree.unlock(m.node)
+            self.tree.unlock(m.node, window)
+            self.flat = flatten(self.tree)      # (a rebuild's dead-end leaf is trimmed)
             return
         swa = list(m.swa_pages) + list(sp) if self.hybrid else None
         own_swa = set(sp)
         if self.hybrid and sp:      # window release: drop some of the request's SWA pages
             drop = data.draw(st.lists(st.sampled_from(sp), unique=True, max_size=len(sp)))
+            if m.rebuild:           # and a rebuild's inexact ones (PrefixCache._offered_swa)
+                exact = -(-(m.length + rebuild - (self.W - 1)) // P)
+                drop = sorted(set(drop) | {swa[i] for i in range(q0, min(exact, n))})
             self.sa.free(drop)
             own_swa -= set(drop)
             swa = [None if s in drop else s for s in swa]
         self.reqs.append(dict(toks=toks, ns=ns, m=m, full=m.full_pages + fp, swa=swa,
-                              own_full=set(fp), own_swa=own_swa))
+                              own_full=set(fp), own_swa=own_swa, window=window))
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -147,7 +164,9 @@ class TreeMachine(RuleBasedStateMachine):
         assert r["own_swa"] - set(res.dup_swa) <= tree_s
         self.fa.free(res.dup_full)
         self.sa.free(res.dup_swa)
-        self.tree.unlock(r["m"].node)
+        self.tree.unlock(r["m"].node, r["window"])
+        if not r["window"]:
+            self.flat = flatten(self.tree)  # unlocking a rebuild's dead-end leaf trims it
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -155,7 +174,8 @@ class TreeMachine(RuleBasedStateMachine):
         r = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
         self.fa.free(sorted(r["own_full"]))
         self.sa.free(sorted(r["own_swa"]))
-        self.tree.unlock(r["m"].node)
+        self.tree.unlock(r["m"].node, r["window"])
+        self.flat = flatten(self.tree)      # unlocking a rebuild's dead-end leaf trims it
 
     @rule(nf=st.integers(0, 8), ns_=st.integers(0, 8))
     def evict(self, nf, ns_):
@@ -181,6 +201,10 @@ class TreeMachine(RuleBasedStateMachine):
             assert self.sa.num_evictable == 0 and self.fa.num_evictable == 0
         self.flat = after
         for r in self.reqs:     # running requests keep their matched prefix and window
+            if r["m"].rebuild:  # (a rebuild: the full KV up to where it stops matching)
+                end = r["m"].full_len
+                assert self.tree.match(r["toks"][:end], r["ns"], count=False).prefix_len == end
+                continue
             self.check_match(r["toks"][:r["m"].length], r["ns"], self.tree.match(
                 r["toks"][:r["m"].length], r["ns"]))
             assert self.tree.match(r["toks"][:r["m"].length], r["ns"]).length == r["m"].length
@@ -210,7 +234,7 @@ class TreeMachine(RuleBasedStateMachine):
             r = self.reqs.pop()
             self.fa.free(sorted(r["own_full"]))
             self.sa.free(sorted(r["own_swa"]))
-            self.tree.unlock(r["m"].node)
+            self.tree.unlock(r["m"].node, r["window"])
         self.tree.evict(self.fa.capacity, self.sa.capacity)
         self.tree.check_integrity()
         assert self.fa.num_free == self.fa.capacity and self.sa.num_free == self.sa.capacity
