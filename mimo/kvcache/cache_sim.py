@@ -163,7 +163,7 @@ class CacheSim:
             keep = tree.keep_pages(T, L, m.prefix_len)
             keep.update(window_pages(n * P, self.window, P))   # the last window stays live
             # A rebuild's SWA is exact only from swa_exact_from on (RadixTree.match).
-            lo = _cdiv(self.swa_exact_from(m), P)
+            lo = _cdiv(m.swa_exact_from, P)
             keep_new = sorted(i for i in keep if lo <= i < n)
         # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
         transient = min(_cdiv(self.chunk, P) + 1, n - q0) if self.hybrid and self.chunk else 0
@@ -188,11 +188,6 @@ class CacheSim:
             self.sa.free(res.dup_swa)
         tree.unlock(m.node, window)
         return m.length
-
-    def swa_exact_from(self, m) -> int:
-        """First position whose SWA KV is exact in every layer after a request admitted
-        with match `m` computed its prompt."""
-        return m.length + self.rebuild - (self.window - 1) if m.rebuild else m.length
 
     def run(self, reqs, progress=None, label: str = "", every_s: float = 5.0,
             check_every: int = 0) -> dict:

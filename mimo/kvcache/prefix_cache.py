@@ -67,7 +67,7 @@ class PrefixCache(PrefixMatch):
         if m.rebuild:
             # The request recomputes [length, full_len) for its SWA layers only; see SeqKV.
             seq.full_cached_to, seq.swa_floor = m.full_len, m.length
-            seq.swa_exact_from = m.length + self.rebuild - (self.pool.window - 1)
+            seq.swa_exact_from = m.swa_exact_from
             seq.lock_window = False
         if self.pool.hybrid and not self.tree.policy.keep_all:
             exact = -(-seq.swa_exact_from // self.P)

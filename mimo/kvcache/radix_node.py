@@ -50,6 +50,7 @@ class MatchResult:
     # unless the match is a window rebuild: then the full KV runs on to `full_len` and the
     # request recomputes [length, full_len) only for its SWA layers (`RadixTree.match`).
     full_len: int = 0
+    swa_exact_from: int = 0     # first position whose SWA KV the request computes exactly
 
     @property
     def rebuild(self) -> bool:

@@ -123,7 +123,9 @@ class RadixTree(TreeCore, EvictMixin):
             n.time = now
             self._push_leaf(n)
             node = n
-        res = MatchResult(q * P, m, node, full, full_len=q_full * P)
+        # A rebuild's SWA is exact from its start + rebuild - (W - 1) (see `_rebuild_start`).
+        exact = q * P + (rebuild - (self.W - 1) if q_full > q else 0)
+        res = MatchResult(q * P, m, node, full, full_len=q_full * P, swa_exact_from=exact)
         self.counters["matched_tokens"] += q * P * count
         self.counters["prefix_tokens"] += m * count
         if self.hybrid:
