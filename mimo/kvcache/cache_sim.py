@@ -137,10 +137,11 @@ class CacheSim:
             mode = "hybrid"
         self.fa = PageAllocator(full_pages, "full")
         self.sa = PageAllocator(swa_pages, "swa") if mode == "hybrid" else None
-        self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode)
         self.hybrid = mode == "hybrid"
         # Window rebuild (RadixTree.match): the SWA receptive field, 0 when off.
         self.rebuild = layout.swa_receptive_field if self.hybrid and rebuild else 0
+        self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode,
+                              rebuild=self.rebuild)
         self._out_id = 0
         self.hit = self.prompt = self.requests = self.uncached = 0
 
@@ -151,7 +152,7 @@ class CacheSim:
         toks = array("q", prompt)
         toks.extend(range(-self._out_id - 1, -self._out_id - 1 - (T - L), -1))
         self._out_id += T - L
-        m = tree.match(toks[:L - 1], namespace, rebuild=self.rebuild)
+        m = tree.match(toks[:L - 1], namespace)
         self.hit, self.prompt, self.requests = self.hit + m.length, self.prompt + L, self.requests + 1
         if tree.mode == "off":
             return m.length

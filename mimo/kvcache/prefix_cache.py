@@ -34,7 +34,7 @@ class PrefixCache(PrefixMatch):
         self.tree = RadixTree(pool.page_size, pool.window, pool.full.allocator,
                               pool.swa.allocator if pool.hybrid else None, policy,
                               mode="hybrid" if pool.hybrid else "full-kv",
-                              unmap=pool.unmap_full_pages)
+                              unmap=pool.unmap_full_pages, rebuild=self.rebuild)
         pool.cache_attached = True
         pool.is_shared_full = self.owns_full
         pool.is_shared_swa = self.owns_swa
@@ -51,7 +51,7 @@ class PrefixCache(PrefixMatch):
     # ---- admission -------------------------------------------------------------------
     def cached_len(self, prompt_ids: list[int], namespace=None) -> int:
         """Prompt tokens a request admitted now would reuse (no side effects)."""
-        return self.tree.peek(prompt_ids[:-1], namespace, self.rebuild)
+        return self.tree.peek(prompt_ids[:-1], namespace)
 
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
               namespace=None) -> int:
@@ -62,7 +62,7 @@ class PrefixCache(PrefixMatch):
         a multimodal prompt; None for text), kept for the request's later syncs and insert.
         Returns cached tokens."""
         seq.namespace = namespace
-        m = self.tree.match(tokens[:-1], namespace, rebuild=self.rebuild)
+        m = self.tree.match(tokens[:-1], namespace)
         seq.branch_len = m.prefix_len
         if m.rebuild:
             # The request recomputes [length, full_len) for its SWA layers only; see SeqKV.

@@ -12,11 +12,15 @@ Invariants (all checked by `check_integrity`):
 - full locks cover a locked node and its ancestors (`lock_ref`); SWA locks cover only the
   window before a locked node's end (`swa_lock`), so SWA outside a running request's window
   can still be freed;
-- every leaf's end is window-safe: a leaf is never a tombstone and no full KV is cached that
-  no window-safe match could reach. Insert trims to the last safe point, SWA eviction never
-  frees a page inside a leaf's tail window, and evicting a leaf trims its parent if needed
-  (one exception while it lasts: a leaf under a rebuild lock, `match(rebuild=...)`, whose
-  request recomputes that window; unlocking it trims it if the request did not extend it);
+- every leaf's end is reachable: window-safe, so a leaf is never a tombstone and no full
+  KV is cached that no match could reach. Insert trims to the last safe point, SWA eviction
+  never frees a page inside a protected leaf's tail window, and evicting a leaf trims its
+  parent if needed. Two relaxations come with window rebuild (`rebuild`, see `match`):
+  a leaf longer than a receptive field may end where its window is gone, since a rebuild
+  reuses all but about a receptive field of it (SWA-only eviction may free such a leaf's
+  window, `radix_evict._protects`); and a leaf under a rebuild lock may end in a dead
+  window while its request recomputes it (unlocking trims it if the request did not
+  extend it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
 
@@ -50,13 +54,18 @@ MODES = ("hybrid", "full-kv", "off")
 class RadixTree(TreeCore, EvictMixin):
     def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
                  swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
-                 mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None):
+                 mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None,
+                 rebuild: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if mode == "hybrid" and swa_alloc is None:
             raise ValueError("hybrid mode needs an SWA allocator")
         self.P, self.W, self.mode = page_size, window, mode
         self.hybrid = mode == "hybrid"
+        # The SWA receptive field (tokens) its users rebuild windows with, 0: no rebuild
+        # (`match`). Besides the default for matches, it decides which leaves may end where
+        # their window is gone (see the invariants above and `radix_evict.py`).
+        self.rebuild = rebuild if self.hybrid else 0
         self.full_alloc, self.swa_alloc = full_alloc, swa_alloc
         self.policy = policy or RetentionPolicy()
         self.unmap = unmap      # told which full pages lost their SWA (DualPool.full_to_swa)
@@ -83,14 +92,14 @@ class RadixTree(TreeCore, EvictMixin):
 
     # ---- match / lock ------------------------------------------------------------------
     def match(self, tokens, namespace: Hashable = None, count: bool = True,
-              rebuild: int = 0) -> MatchResult:
+              rebuild: int | None = None) -> MatchResult:
         """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
         passes the prompt without its last token, which it must compute anyway. The match
         node is split so that it ends exactly at `full_len`. `count=False`: a lookup that is
         not a request's admission (kept out of the hit counters).
 
-        `rebuild` (tokens, 0: off): the model's SWA receptive field, (window - 1) times its
-        SWA layers. When the window before the token-equal end E is gone, a request can
+        `rebuild` (tokens, 0: off; None: the tree's): the model's SWA receptive field,
+        (window - 1) times its SWA layers. When the window before the token-equal end E is gone, a request can
         still start about `rebuild` tokens before E (`_rebuild_start`) instead of the last
         window-safe point: it recomputes from there to E for the SWA layers only, reading
         the cached full KV of the whole prefix, and the SWA KV it gets for the window
@@ -99,6 +108,7 @@ class RadixTree(TreeCore, EvictMixin):
         match has `full_len` = E > `length`, hands over no SWA pages, and is locked with
         `lock(node, window=False)`."""
         self.counters["matches"] += count
+        rebuild = self.rebuild if rebuild is None else rebuild
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return MatchResult(0, 0, root)
@@ -157,9 +167,10 @@ class RadixTree(TreeCore, EvictMixin):
                                                      m // self.P))
         self.counters["cut_never_kept" if never else "cut_evicted"] += m - length
 
-    def peek(self, tokens, namespace: Hashable = None, rebuild: int = 0) -> int:
+    def peek(self, tokens, namespace: Hashable = None, rebuild: int | None = None) -> int:
         """The length `match` would return, without splitting, touching or counting: the
         scheduler's estimate of a waiting request's cached tokens."""
+        rebuild = self.rebuild if rebuild is None else rebuild
         root = self._root(namespace)
         if self.mode == "off" or root is None:
             return 0

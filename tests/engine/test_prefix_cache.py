@@ -173,6 +173,31 @@ def test_match_is_cut_back_when_interior_swa_was_evicted(loaded, rebuild):
     assert [o.token_ids for o in outs + [out_b]] == [w.token_ids for w in want]
 
 
+def test_a_cached_prompt_whose_window_went_is_rebuilt_not_dropped(loaded):
+    """With window rebuild, SWA pressure frees even a cached prompt's tail window while its
+    full KV stays (a leaf longer than the receptive field is not protected); the same prompt
+    again then reuses all but a receptive field of it, and its logits are the uncached
+    ones."""
+    p = ids(600, 6)
+    ref, rec = LogitRecorder(), LogitRecorder()
+    run(make(loaded, cache=False, decode_step=ref), [p])
+    want = ref.take()
+    llm = make(loaded, decode_step=rec)
+    eng, tree = llm.engine, llm.engine.cache.tree
+    assert run(llm, [p])[0].cached_tokens == 0
+    rec.take()
+    full = tree.stats()["full_pages"]
+    live = tree.stats()["swa_live_pages"]
+    eng.cache.make_room(0, eng.pool.swa.allocator.num_free + live)
+    eng.check_integrity()
+    assert tree.stats()["swa_live_pages"] == 0 and tree.stats()["full_pages"] == full
+    expect = brute_force_safe_len(tree, p[:-1], RECEPTIVE)
+    assert brute_force_safe_len(tree, p[:-1]) == 0 < expect
+    out = run(llm, [p])[0]
+    assert out.cached_tokens == expect
+    torch.testing.assert_close(rec.take(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_multi_turn_chat_reuses_prompt_and_output(loaded):
     turns = [ids(90, 20), ids(25, 21), ids(33, 22)]
     on, off = make(loaded), make(loaded, cache=False)
@@ -222,7 +247,10 @@ def test_full_kv_layout_caches_every_prefix(loaded):
 def test_full_pools_evict_the_cache_instead_of_waiting(loaded):
     llm = make(loaded, kv_cache_memory="3MiB")
     eng = llm.engine
-    run(llm, [ids(400, 200 + i) for i in range(8)])
+    n = eng.pool.full.allocator.capacity * PAGE // 400 + 3     # more than the full pool holds
+    run(llm, [ids(400, 200 + i) for i in range(n)])
+    # (The small SWA pool fills first: windows go alone, then whole cached prompts.)
+    assert eng.cache.tree.counters["tombstoned_swa"] > 0
     assert eng.cache.tree.counters["evicted_full"] > 0
     fa = eng.pool.full.allocator
     assert fa.num_evictable > 0 and fa.num_in_use == 0

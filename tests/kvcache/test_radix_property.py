@@ -32,14 +32,19 @@ class TreeMachine(RuleBasedStateMachine):
     exact = True                # the model predicts inserts exactly (keep-all policy only)
 
     @initialize(page=st.sampled_from([1, 2, 3]), window=st.integers(1, 7),
-                full_cap=st.integers(4, 40), swa_cap=st.integers(4, 40))
-    def setup(self, page, window, full_cap, swa_cap):
+                full_cap=st.integers(4, 40), swa_cap=st.integers(4, 40),
+                swa_layers=st.integers(0, 3))
+    def setup(self, page, window, full_cap, swa_cap, swa_layers):
         self.P, self.W, self.hybrid = page, window, self.mode == "hybrid"
         self.fa = PageAllocator(full_cap, "full")
         self.sa = PageAllocator(swa_cap, "swa")
         self.unmapped: list[int] = []
+        # Window rebuild: the receptive field of 0 (off) to 3 SWA layers; with it, leaves a
+        # rebuild can reach may lose their windows.
+        self.R = swa_layers * (window - 1)
         self.tree = RadixTree(page, window, self.fa, self.sa if self.hybrid else None,
-                              self.policy, self.mode, unmap=self.unmapped.extend)
+                              self.policy, self.mode, unmap=self.unmapped.extend,
+                              rebuild=self.R)
         self.flat: dict = {}
         self.reqs: list[dict] = []
         self.history: list = []
@@ -76,7 +81,7 @@ class TreeMachine(RuleBasedStateMachine):
     # ---- rules -------------------------------------------------------------------------
     @rule(toks=tokens, ns=st.sampled_from([None, "img"]))
     def match_only(self, toks, ns):
-        self.check_match(toks, ns, self.tree.match(toks, ns))
+        self.check_match(toks, ns, self.tree.match(toks, ns), self.R if self.hybrid else 0)
 
     @precondition(lambda self: self.history)
     @rule(data=st.data(), more=st.lists(st.integers(0, 2), max_size=3))
@@ -97,9 +102,10 @@ class TreeMachine(RuleBasedStateMachine):
     @rule(toks=tokens, ns=st.sampled_from([None, "img"]), data=st.data())
     def start(self, toks, ns, data):
         self.history.append((toks, ns))
-        # Window rebuild: the receptive field of 0 (off) to 3 SWA layers.
-        rebuild = data.draw(st.integers(0, 3)) * (self.W - 1)
+        # Match with the tree's receptive field (None) or without rebuild.
+        rebuild = data.draw(st.sampled_from([None, 0]))
         m = self.tree.match(toks, ns, rebuild=rebuild)
+        rebuild = (self.R if self.hybrid else 0) if rebuild is None else rebuild
         self.check_match(toks, ns, m, rebuild)
         window = not m.rebuild
         self.tree.lock(m.node, window)
@@ -206,8 +212,9 @@ class TreeMachine(RuleBasedStateMachine):
                 assert self.tree.match(r["toks"][:end], r["ns"], count=False).prefix_len == end
                 continue
             self.check_match(r["toks"][:r["m"].length], r["ns"], self.tree.match(
-                r["toks"][:r["m"].length], r["ns"]))
-            assert self.tree.match(r["toks"][:r["m"].length], r["ns"]).length == r["m"].length
+                r["toks"][:r["m"].length], r["ns"], rebuild=0))
+            assert self.tree.match(r["toks"][:r["m"].length], r["ns"],
+                                   rebuild=0).length == r["m"].length
 
     # ---- invariants --------------------------------------------------------------------
     @invariant()

@@ -16,9 +16,10 @@ P, W = 4, 8
 KEEP = RetentionPolicy(keep_all=True)
 
 
-def make(mode="hybrid", policy=KEEP, pages=64):
+def make(mode="hybrid", policy=KEEP, pages=64, rebuild=0):
     fa, sa = PageAllocator(pages, "full"), PageAllocator(pages, "swa")
-    return RadixTree(P, W, fa, sa if mode == "hybrid" else None, policy, mode), fa, sa
+    return RadixTree(P, W, fa, sa if mode == "hybrid" else None, policy, mode,
+                     rebuild=rebuild), fa, sa
 
 
 def run(tree, toks, live=None, ns=None, prompt_len=None):
@@ -298,3 +299,45 @@ def test_rebuild_lock_keeps_full_kv_and_unlock_trims_a_dead_leaf():
     tree.unlock(m.node, window=False)
     tree.check_integrity()      # ... but not once unlocked: no window-safe end is left
     assert tree.stats()["nodes"] == 0 and fa.num_free == 64 and sa.num_free == 64
+
+
+@pytest.mark.parametrize("rebuild", [0, 3 * (W - 1)], ids=["no-rebuild", "rebuild"])
+def test_evicting_a_child_cuts_its_parent_back_even_where_a_rebuild_would_reach(rebuild):
+    """Nodes [0, 56), [56, 60), [60, 80); SWA live only on the tail window. Evicting the tail
+    leaves [56, 60) a leaf whose window is gone, and nothing before it is window-safe: the
+    whole path goes, with rebuild too (a rebuild from 60 could start at 36, but a subtree
+    that aged out is not worth its full KV to a rebuild)."""
+    tree, fa, sa = make(rebuild=rebuild)
+    run(tree, seq(80), live={18, 19}, prompt_len=60)     # prompt checkpoints split at 56, 60
+    assert tree.stats()["nodes"] == 3
+    assert tree.evict(5) == (20, 2)
+    tree.check_integrity()
+    assert tree.stats()["nodes"] == 0 and fa.num_free == sa.num_free == 64
+
+
+def test_evicting_a_child_still_cuts_back_to_a_safe_point_past_the_rebuild():
+    """The same path with the window before 56 live too: a rebuild from 60 would start at
+    36, before that safe point, so the leaf [56, 60) is cut as without rebuild."""
+    tree, fa, sa = make(rebuild=3 * (W - 1))
+    run(tree, seq(80), live={12, 13, 18, 19}, prompt_len=60)
+    assert tree.evict(5)[0] == 6        # the tail and [56, 60)
+    tree.check_integrity()
+    assert tree.stats()["cached_tokens"] == 56 and tree.match(seq(61)).length == 56
+
+
+def test_swa_pressure_frees_a_long_leafs_window_but_drops_a_short_leaf():
+    """With rebuild, SWA-only eviction may free the tail window of a leaf a rebuild can
+    reach (its full KV stays and a match rebuilds); a leaf shorter than the receptive field
+    keeps its window protected, so pressure that needs those pages drops the leaf whole."""
+    R = 3 * (W - 1)
+    tree, fa, sa = make(rebuild=R)
+    run(tree, seq(80), live={18, 19})
+    run(tree, seq(8, base=500))         # all its SWA is its window: nothing freeable alone
+    assert tree.evict(0, 2) == (0, 2)   # the long leaf's window: older, and unprotected
+    tree.check_integrity()
+    assert tree.stats()["cached_tokens"] == 88 and tree.stats()["swa_live_pages"] == 2
+    m = tree.match(seq(81))             # (and now the long leaf is the newer one)
+    assert (m.length, m.full_len) == (56, 80)
+    assert tree.evict(0, 1) == (2, 2)   # no window is freeable alone: the short leaf goes
+    tree.check_integrity()
+    assert tree.stats()["cached_tokens"] == 80 and sa.num_free == 64
