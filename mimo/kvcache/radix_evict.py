@@ -116,23 +116,9 @@ class EvictMixin:
             return False
         if not self._rebuild_reaches(leaf):
             return True
-        P, W, e = self.P, self.W, leaf.end // self.P
         r = self._rebuild_start(leaf.end, self.rebuild)
-        g0 = window_first_page(r * P, W, P)
-        live = [False] * (e - g0)           # SWA liveness of pages [g0, e)
-        n = leaf
-        while n.parent is not None and n.end // P > g0:
-            s = n.start // P
-            for i in range(max(g0 - s, 0), len(n.swa)):
-                live[s + i - g0] = n.swa[i] >= 0
-            n = n.parent
-        run = 0                             # live pages in a row ending at page j
-        for j in range(g0, e - 1):
-            run = run + 1 if live[j - g0] else 0
-            p = j + 1                       # is p, in [r, e), window-safe?
-            if p >= r and run >= p - window_first_page(p * P, W, P):
-                return True
-        return False
+        live = self._path_live(leaf, window_first_page(r * self.P, self.W, self.P))
+        return self._safe_pages(live, leaf.end // self.P - 1, lo=r - 1) >= r    # in [r, e)
 
     def _rebuild_reaches(self, leaf) -> bool:
         """A match ending at the leaf's end can rebuild its window (the start is after 0):
@@ -206,13 +192,7 @@ class EvictMixin:
             if not self.hybrid:
                 break
             s, e = node.start // P, node.end // P
-            live = [False] * e
-            g0 = window_first_page(node.start + P, self.W, P)
-            n = node
-            while n.parent is not None and n.end // P > g0:
-                for i, sp in enumerate(n.swa):
-                    live[n.start // P + i] = sp >= 0
-                n = n.parent
+            live = self._path_live(node, window_first_page(node.start + P, self.W, P))
             q = self._safe_pages(live, e, lo=s)
             if q == e:
                 break

@@ -102,9 +102,10 @@ class TreeCore:
             node = child if k == len(child.full) else None
         return path, pos
 
-    def _safe_pages(self, live: list[bool], q: int, lo: int = 0) -> int:
+    def _safe_pages(self, live, q: int, lo: int = 0) -> int:
         """Largest p in (lo, q] with SWA live (live[i]) on every page of the window before
-        p*P, or lo if there is none."""
+        p*P, or lo if there is none. `live`: a list, or a dict covering at least the pages
+        of the windows before (lo, q] (`_path_live`)."""
         P, W = self.P, self.W
         while q > lo:
             for j in range(q - 1, window_first_page(q * P, W, P) - 1, -1):
@@ -114,6 +115,17 @@ class TreeCore:
             else:
                 return q
         return lo
+
+    def _path_live(self, node: Node, first: int) -> dict[int, bool]:
+        """Whether each logical page in [first, node.end / P) on node's path has live SWA:
+        what `_safe_pages` reads to judge ends after page `first`'s window."""
+        P, live, n = self.P, {}, node
+        while n.parent is not None and n.end // P > first:
+            s = n.start // P
+            for i in range(max(first - s, 0), len(n.swa)):
+                live[s + i] = n.swa[i] >= 0
+            n = n.parent
+        return live
 
     def _split(self, node: Node, k: int) -> Node:
         """Split `node` after its first k pages; the new prefix node is returned and `node`

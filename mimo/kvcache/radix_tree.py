@@ -99,14 +99,14 @@ class RadixTree(TreeCore, EvictMixin):
         not a request's admission (kept out of the hit counters).
 
         `rebuild` (tokens, 0: off; None: the tree's): the model's SWA receptive field,
-        (window - 1) times its SWA layers. When the window before the token-equal end E is gone, a request can
-        still start about `rebuild` tokens before E (`_rebuild_start`) instead of the last
-        window-safe point: it recomputes from there to E for the SWA layers only, reading
-        the cached full KV of the whole prefix, and the SWA KV it gets for the window
-        before E is exact (each SWA layer widens the region its garbage-free input needs by
-        window - 1 tokens; the full layers read cached keys, so they widen nothing). Such a
-        match has `full_len` = E > `length`, hands over no SWA pages, and is locked with
-        `lock(node, window=False)`."""
+        (window - 1) times its SWA layers. When the window before the token-equal end E is
+        gone, a request can still start about `rebuild` tokens before E (`_rebuild_start`)
+        instead of the last window-safe point: it recomputes from there to E for the SWA
+        layers only, reading the cached full KV of the whole prefix, and the SWA KV it gets
+        for the window before E is exact (each SWA layer widens the region its garbage-free
+        input needs by window - 1 tokens; the full layers read cached keys, so they widen
+        nothing). Such a match has `full_len` = E > `length`, hands over no SWA pages, and
+        is locked with `lock(node, window=False)`."""
         self.counters["matches"] += count
         rebuild = self.rebuild if rebuild is None else rebuild
         root = self._root(namespace)
