@@ -144,7 +144,28 @@ class EvictMixin:
         self.swa_alloc.unpark(pages)
         self.swa_alloc.free(pages)
         self.counters["tombstoned_swa"] += len(pages)
+        if self.rebuild:
+            self._push_unprotected(node)
         return len(pages)
+
+    def _push_unprotected(self, node) -> None:
+        """Tombstoning SWA in `node` may leave a leaf below it with no window-safe point in
+        its last receptive field, so its window turns freeable (`_protects`) while the nodes
+        holding that window may have left the SWA heap (an entry that was not freeable when
+        it reached the top was dropped): push them again. Extra pushes are harmless."""
+        limit = node.end + self.rebuild + self.W + 4 * self.P   # past every such leaf's start
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.children:
+                stack.extend(c for c in n.children.values() if c.start < limit)
+            else:
+                self._push_window(n)
+
+    def _push_window(self, leaf) -> None:
+        """Put the nodes holding the leaf's tail window back in the SWA heap."""
+        for m in {id(m): m for m, _ in self._window(leaf)}.values():
+            self._push_swa(m)
 
     # ---- whole-node eviction ---------------------------------------------------------------
     def _drop(self, node) -> tuple[int, int]:
@@ -188,7 +209,7 @@ class EvictMixin:
         P, ff, fs = self.P, 0, 0
         while node.parent is not None and not node.children:
             if node.lock_ref:
-                return ff, fs       # a locked leaf is a match node: its window is locked
+                break               # a locked leaf is a match node: its window is locked
             if not self.hybrid:
                 break
             s, e = node.start // P, node.end // P
@@ -199,12 +220,14 @@ class EvictMixin:
             if q > s:
                 pre = self._split(node, q - s)
                 a, b = self._drop(node)
-                self._push_leaf(pre)
-                return ff + a, fs + b
+                ff, fs, node = ff + a, fs + b, pre
+                break
             parent = node.parent
             a, b = self._drop(node)
             ff, fs, node = ff + a, fs + b, parent
         self._push_leaf(node)
+        if self.rebuild:            # as a leaf, its own window may be freeable (`_protects`)
+            self._push_window(node)
         return ff, fs
 
     # ---- checks ----------------------------------------------------------------------------
