@@ -341,3 +341,22 @@ def test_swa_pressure_frees_a_long_leafs_window_but_drops_a_short_leaf():
     assert tree.evict(0, 1) == (2, 2)   # no window is freeable alone: the short leaf goes
     tree.check_integrity()
     assert tree.stats()["cached_tokens"] == 80 and sa.num_free == 64
+
+
+def test_a_leaf_whose_last_safe_point_went_can_lose_its_window_next():
+    """Nodes [0, 68), [68, 72), [72, 80); SWA live before 68 and on the tail. The window
+    before 68 lies in the tail's last receptive field, so the tail window is protected and
+    the first SWA pressure frees the one before 68 (older). That unprotects the tail
+    window: the next pressure must find it and free it alone, keeping all the full KV."""
+    tree, fa, sa = make(rebuild=3 * (W - 1))
+    run(tree, seq(80), live={15, 16, 18, 19}, prompt_len=72)
+    assert tree.stats()["nodes"] == 3
+    tree.match(seq(68))                         # the window before 68: last used now
+    pages = [v[0] for k, v in sorted(flatten(tree).items(), key=lambda kv: len(kv[0][1]))]
+    assert tree.insert(seq(80), pages).dup_full == []     # a use of the path, no window
+    tree.check_integrity()
+    assert tree.evict(0, 2) == (0, 2)           # the window before 68
+    assert tree.evict(0, 2) == (0, 2)           # then the tail window, alone
+    tree.check_integrity()
+    assert tree.stats()["cached_tokens"] == 80 and tree.stats()["swa_live_pages"] == 0
+    assert tree.match(seq(81)).length == 56     # a rebuild from 80's window
