@@ -18,16 +18,24 @@ def samples(metrics: Metrics) -> dict:
     return out
 
 
-def test_window_cuts_and_evictions_are_exported():
-    pool = DualPool(shape_layout("gemma-3-270m"), 256, 256, 16, allocate=False)   # window 512
-    cache = PrefixCache(pool, RetentionPolicy(branch=False))      # a window at the end only
+def cached_prompt(pages: int):
+    """A Gemma 3 270M prefix cache (window 512, page 16) watched by /metrics, holding one
+    prompt of `pages` pages that kept a window at its end only."""
+    pool = DualPool(shape_layout("gemma-3-270m"), pages, pages, 16, allocate=False)
+    cache = PrefixCache(pool, RetentionPolicy(branch=False))
     tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
     metrics = Metrics()
     metrics.watch_prefix_cache(cache)
-    toks = list(range(2048))
-    res = tree.insert(toks, fa.alloc(128), sa.alloc(128), prompt_len=2048)
+    toks = list(range(pages * 16))
+    res = tree.insert(toks, fa.alloc(pages), sa.alloc(pages), prompt_len=len(toks))
     fa.free(res.dup_full)
     sa.free(res.dup_swa)
+    return cache, metrics, toks
+
+
+def test_window_cuts_and_evictions_are_exported():
+    cache, metrics, toks = cached_prompt(128)
+    tree, fa, sa = cache.tree, cache.pool.full.allocator, cache.pool.swa.allocator
     # A fork 1024 tokens in: token-equal for 1024, but the only window ends at 2048.
     assert tree.match(toks[:1024] + [10**6]).length == 0
     tree.evict(full=128)
@@ -48,15 +56,8 @@ def test_window_cuts_and_evictions_are_exported():
 
 def test_window_rebuilds_are_exported():
     # Gemma 3 270M: 15 SWA layers of window 512, so a rebuild recomputes 15 * 511 tokens.
-    pool = DualPool(shape_layout("gemma-3-270m"), 1024, 1024, 16, allocate=False)
-    cache = PrefixCache(pool, RetentionPolicy(branch=False))
-    tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
-    metrics = Metrics()
-    metrics.watch_prefix_cache(cache)
-    toks = list(range(12288))
-    res = tree.insert(toks, fa.alloc(768), sa.alloc(768), prompt_len=12288)
-    fa.free(res.dup_full)
-    sa.free(res.dup_swa)
+    cache, metrics, toks = cached_prompt(768)
+    tree = cache.tree
     # A fork at 9216: its window (from 8705, page 544) comes out exact from a start at
     # 8704 - (7665 - 511) = 1550, page-aligned down: 1536 tokens reused, 7680 cut.
     m = tree.match(toks[:9216] + [10**6], rebuild=cache.rebuild)
