@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ..config import ConfigError, parse_size
 from ..kvcache.cache_sim import (BLOCK, CacheSim, estimate_swa_share, ideal_hit_rates,
-                                 load_trace)
+                                 load_trace, size_swa_share)
 from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
 from ..kvcache.retention import POLICIES
 from .kv_capacity import ideal_bound
@@ -50,8 +50,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="cached sequences and prompt checkpoints end on multiples of this "
                         "(the trace's block size)")
     p.add_argument("--swa-share", default="auto",
-                   help="fraction of the budget for the SWA pool, or 'auto' (from the trace "
-                        "and the policy, so both pools fill together)")
+                   help="fraction of the budget for the SWA pool; 'auto': room for the tail "
+                        "window of every sequence the cache holds at its peak, measured by a "
+                        "sizing replay per budget; 'fill': sized so both pools fill together "
+                        "(no replay)")
     p.add_argument("--dense-every", type=int, default=None, metavar="TOKENS",
                    help="override the hybrid policies' speculative checkpoint grid "
                         "(tokens between checkpoints; 0: none)")
@@ -92,6 +94,38 @@ def _replay(job: dict) -> dict:
     return res
 
 
+def _size(job: dict) -> dict:
+    hybrid = shape_layout(job["shape"], job["dtype"])
+    full_kv = shape_layout(job["shape"], job["dtype"], layout="full-kv")
+    return size_swa_share(_REQS, hybrid, full_kv, job["budget"],
+                          _retention(job["policy"], job["dense"]), job["page"], job["align"],
+                          job["chunk"], job["output"], job["rebuild"], progress=sys.stderr)
+
+
+def _map(fn, jobs: list, n_jobs: int) -> list:
+    """fn over jobs, in forked worker processes when more than one may run."""
+    n = max(1, min(n_jobs, len(jobs)))
+    if n == 1:
+        return [fn(j) for j in jobs]
+    import multiprocessing as mp
+    with mp.get_context("fork").Pool(n) as pool:
+        return pool.map(fn, jobs, chunksize=1)
+
+
+def _share_rule(value: str):
+    """--swa-share: 'auto', 'fill' or a fraction in (0, 1)."""
+    if value in ("auto", "fill"):
+        return value
+    try:
+        share = float(value)
+    except ValueError:
+        share = -1.0
+    if not 0 < share < 1:
+        raise ConfigError(f"--swa-share must be 'auto', 'fill' or a fraction in (0, 1), "
+                          f"not {value!r}")
+    return share
+
+
 def _retention(policy: str, dense_every: int | None):
     """The named policy, with --dense-every applied (None: as named; baselines: None)."""
     if policy not in POLICIES:
@@ -130,30 +164,38 @@ def measure(args) -> dict:
     hybrid = shape_layout(args.shape, args.dtype)
     bound = ideal_bound(hybrid, args.bound_context)
     output = not args.no_output_cache
+    share_rule = _share_rule(args.swa_share)
+    common = dict(shape=args.shape, dtype=args.dtype, page=args.page_size, align=args.align,
+                  chunk=args.chunk, output=None if output else False, dense=args.dense_every,
+                  rebuild=args.window_rebuild)
+    t0 = time.perf_counter()
+    sizing = {}                 # (policy, budget) -> size_swa_share's answer (auto)
+    if share_rule == "auto":
+        todo = [dict(common, policy=p, budget=b) for b in budgets for p in policies
+                if p in POLICIES]
+        for j, r in zip(todo, _map(_size, todo, args.jobs)):
+            sizing[j["policy"], j["budget"]] = r
     jobs = []
     for b in budgets:
         for p in policies:
             share = 0.0
-            if p in POLICIES:
-                share = (estimate_swa_share(_REQS, hybrid, _retention(p, args.dense_every),
-                                            args.page_size, args.align,
-                                            None if output else False)
-                         if args.swa_share == "auto" else float(args.swa_share))
-            jobs.append(dict(policy=p, budget=b, share=round(share, 4)))
+            if p in POLICIES and share_rule == "auto":
+                share = sizing[p, b]["swa_share"]
+            elif p in POLICIES and share_rule == "fill":
+                share = estimate_swa_share(_REQS, hybrid, _retention(p, args.dense_every),
+                                           args.page_size, args.align, common["output"])
+            elif p in POLICIES:
+                share = share_rule
+            jobs.append(dict(common, policy=p, budget=b, share=round(share, 4)))
         if args.bound_baseline:
-            jobs.append(dict(policy="full-kv", budget=int(b * bound), share=0.0, bound_of=b))
-    for j in jobs:
-        j.update(shape=args.shape, dtype=args.dtype, page=args.page_size, align=args.align,
-                 chunk=args.chunk, output=None if output else False, dense=args.dense_every,
-                 rebuild=args.window_rebuild)
-    t0 = time.perf_counter()
-    n = max(1, min(args.jobs, len(jobs)))
-    if n > 1:
-        import multiprocessing as mp
-        with mp.get_context("fork").Pool(n) as pool:
-            results = pool.map(_replay, jobs, chunksize=1)
-    else:
-        results = [_replay(j) for j in jobs]
+            jobs.append(dict(common, policy="full-kv", budget=int(b * bound), share=0.0,
+                             bound_of=b))
+    results = _map(_replay, jobs, args.jobs)
+    for j, r in zip(jobs, results):
+        if (j["policy"], j["budget"]) in sizing:
+            r["swa_sizing"] = {k: (round(v, 4) if isinstance(v, float) else v)
+                               for k, v in sizing[j["policy"], j["budget"]].items()
+                               if k != "swa_share"}
     for j, r in zip(jobs, results):
         if "bound_of" in j:
             r["policy"], r["bound_of_bytes"] = "full-kv@bound", j["bound_of"]

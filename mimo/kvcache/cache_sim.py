@@ -13,7 +13,8 @@ only exact ones), insert prompt + output, free the duplicates, unlock.
 Timestamps are not replayed: no two requests hold locks at once, so the whole budget is
 cache, as between bursts on a real server.
 
-The hit rate is token-weighted: matched prompt tokens / prompt tokens.
+The hit rate is token-weighted: matched prompt tokens / prompt tokens. `size_swa_share`
+picks the SWA pool's share of a budget from a sizing replay.
 """
 from __future__ import annotations
 
@@ -114,6 +115,52 @@ def estimate_swa_share(reqs, layout: KVLayout, policy: RetentionPolicy, page: in
     return swa * sb / max(swa * sb + full * fb, 1)
 
 
+def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
+                   policy: RetentionPolicy, page: int = 16, align: int = BLOCK,
+                   chunk: int = 2048, output: bool | None = None, rebuild: bool = True,
+                   leaf_every: int = 10, progress=None) -> dict:
+    """The SWA pool share for `budget`: room for the tail window of every sequence the cache
+    holds at its peak, plus what one running request holds (a prefill chunk's SWA and a
+    branch window). Returns {"swa_share", "seed_share", "peak_leaves"}.
+
+    Why this size: the tree keeps a window at each cached sequence's end (a leaf). A pool
+    that cannot hold all of them must drop short leaves whole, full KV included, and free
+    long leaves' windows (each reuse then recomputes a receptive field): the hit rate falls
+    off a cliff just below this size. SWA above it holds branch, superseded and speculative
+    windows, whose loss a rebuild or a later firm window mostly makes up, while the same
+    bytes of full KV keep more sequences. The fill-together share (`estimate_swa_share`)
+    sizes SWA as if every window it ever kept lived as long as full KV; the tree demotes
+    superseded ends, so that share is larger than the cache uses (README, "cache-sim").
+
+    How: replay the trace at the fill-together share (the seed), count leaves every
+    `leaf_every` requests, take the peak, scale it with the full pool if that ever filled (a
+    smaller SWA share leaves a larger full pool, which holds proportionally more sequences)
+    and solve
+    share * budget = leaves(share) * window bytes + one request's transient. Should the seed
+    be the smaller, its replay could not hold every leaf: replay once more at the result."""
+    sb, P = layout.swa_bytes_per_token, page
+    win = _cdiv(layout.window - 1, P) * P * sb          # a leaf's tail window, page-aligned
+    transient = ((_cdiv(chunk, P) + 1) * P if chunk else 0) * sb + win
+    seed = estimate_swa_share(reqs, layout, policy, page, align, output)
+    first = seed
+    for _ in range(2):
+        sim = CacheSim(layout, full_kv, budget, "hybrid", page_size=page, align=align,
+                       swa_share=seed, chunk=chunk, retention=policy, output=output,
+                       rebuild=rebuild)
+        sim.run(reqs, progress=progress, label=f"sizing SWA at {seed:.4f}", every_s=10.0,
+                leaf_every=leaf_every)
+        k = sim.peak_leaves * win
+        if sim.full_short:      # a full pool that filled holds more sequences when larger
+            k /= 1 - seed       # (leaf windows per unit of full share)
+            share = (k + transient) / (budget + k)
+        else:   # it held the whole trace: a larger one would buy nothing, SWA keeps the rest
+            share = max((k + transient) / budget, seed)
+        if share <= seed:
+            break
+        seed = share
+    return {"swa_share": min(share, 0.95), "seed_share": first, "peak_leaves": sim.peak_leaves}
+
+
 class CacheSim:
     """One policy at one budget. `policy`: a name in POLICIES, 'full-kv' or 'off'."""
 
@@ -143,7 +190,8 @@ class CacheSim:
         self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode,
                               rebuild=self.rebuild)
         self._out_id = 0
-        self.hit = self.prompt = self.requests = self.uncached = 0
+        self.hit = self.prompt = self.requests = self.uncached = self.peak_leaves = 0
+        self.full_short = 0     # requests that found the full pool full (evicted for it)
 
     def request(self, prompt, output_len: int, namespace=None) -> int:
         """Replay one request; returns its cached prompt tokens."""
@@ -170,6 +218,7 @@ class CacheSim:
         transient = min(_cdiv(self.chunk, P) + 1, n - q0) if self.hybrid and self.chunk else 0
         short_f = n - qf - self.fa.num_free
         short_s = len(keep_new) + transient - self.sa.num_free if self.hybrid else 0
+        self.full_short += short_f > 0
         if short_f > 0 or short_s > 0:
             tree.evict(max(short_f, 0), max(short_s, 0))
         if (self.fa.num_free < n - qf
@@ -191,12 +240,16 @@ class CacheSim:
         return m.length
 
     def run(self, reqs, progress=None, label: str = "", every_s: float = 5.0,
-            check_every: int = 0) -> dict:
+            check_every: int = 0, leaf_every: int = 0) -> dict:
+        """Replay `reqs`. `leaf_every`: count the tree's leaves after every that many
+        requests, keeping the largest count in `peak_leaves` (`size_swa_share`)."""
         t0 = last = time.perf_counter()
         for i, r in enumerate(reqs):
             self.request(prompt_tokens(r["hash_ids"], r["input_length"]), r["output_length"])
             if check_every and (i + 1) % check_every == 0:
                 self.tree.check_integrity()
+            if leaf_every and (i + 1) % leaf_every == 0:
+                self.peak_leaves = max(self.peak_leaves, self.tree.num_leaves())
             now = time.perf_counter()
             if progress is not None and now - last >= every_s:
                 last = now

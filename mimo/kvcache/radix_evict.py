@@ -231,14 +231,6 @@ class EvictMixin:
         return ff, fs
 
     # ---- checks ----------------------------------------------------------------------------
-    def _nodes(self):
-        for root in self._roots.values():
-            stack = list(root.children.values())
-            while stack:
-                n = stack.pop()
-                yield n
-                stack.extend(n.children.values())
-
     def check_integrity(self) -> None:
         P, fs_state = self.P, self.full_alloc._state
         seen_f, seen_s, evict_f, evict_s = set(), set(), 0, 0

@@ -80,6 +80,19 @@ class TreeCore:
             r = self._roots[ns] = Node(None, array("q"), [], [] if self.hybrid else None, 0, 0)
         return r
 
+    def _nodes(self):
+        for root in self._roots.values():
+            stack = list(root.children.values())
+            while stack:
+                n = stack.pop()
+                yield n
+                stack.extend(n.children.values())
+
+    def num_leaves(self) -> int:
+        """Cached sequence ends: each holds a tail window in hybrid mode (the SWA pool's
+        floor, `cache_sim.size_swa_share`)."""
+        return sum(not n.children for n in self._nodes())
+
     def _walk(self, root: Node | None, toks: array, n_pages: int):
         """Path of (node, pages matched in it) along toks' first n_pages pages."""
         P, path, pos, node = self.P, [], 0, root

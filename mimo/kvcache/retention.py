@@ -34,7 +34,9 @@ Measured on the Mooncake conversation trace (`python -m mimo.bench cache-sim`), 
 at 200 GiB, without window rebuild: the simple rule (one window at the prompt's last full
 block) serves 0.255 of the prompt tokens, "hybrid" 0.264 (branch windows, speculative grid,
 superseded ends demoted); at 2 TiB 0.350 and 0.366, against an ideal of 0.374. Window
-rebuild (`RadixTree.match`) lifts "hybrid" to 0.268 and 0.366.
+rebuild (`RadixTree.match`) lifts "hybrid" to 0.268 and 0.366; all of these at the
+fill-together SWA share. Sizing SWA for the leaves' windows (`cache_sim.size_swa_share`, the
+benchmark's default) gives "hybrid" 0.2695 at 200 GiB.
 """
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ conversation trace's ideal hit rate. The full replay is the bench's job, not the
 from __future__ import annotations
 
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from mimo.bench.__main__ import main
 from mimo.kvcache.cache_sim import (CacheSim, estimate_swa_share, ideal_hit_rates,
-                                    load_trace, prompt_tokens)
+                                    load_trace, prompt_tokens, size_swa_share)
 from mimo.kvcache.layout import shape_layout
 from mimo.kvcache.retention import POLICIES
 
@@ -115,6 +116,8 @@ def test_cli_prints_one_json_line_last(conversation, capsys):
     assert "full_kv_at_bound" in res["summary"]["60GiB"] and "1024GiB" in res["summary"]
     for r in res["results"]:
         assert r["full_bytes"] + r["swa_bytes"] <= r["kv_budget_bytes"]
+        if r["policy"] == "hybrid":     # auto: sized by a replay, reported with the result
+            assert r["swa_sizing"]["peak_leaves"] > 0 and 0 < r["swa_share"] < 1
 
 
 def test_dense_grid_override_catches_a_fork_nobody_foresaw(tmp_path, capsys):
@@ -125,8 +128,10 @@ def test_dense_grid_override_catches_a_fork_nobody_foresaw(tmp_path, capsys):
         (list(range(9)), 4196, 1), ([0, 1, 2, 3, 20, 21], 3000, 1)])
     res = {}
     for grid in ("0", "2048"):
+        # (fill: SWA room beyond the leaves' windows, which speculative windows need)
         rc, out, err = run_cli(["--trace", str(trace), "--kv-budget", "4GiB", "--jobs", "1",
-                                "--policy", "hybrid", "--dense-every", grid], capsys)
+                                "--policy", "hybrid", "--dense-every", grid,
+                                "--swa-share", "fill"], capsys)
         assert rc == 0, err
         (r,) = json.loads(out[-1])["results"]
         assert r["retention"]["dense_every"] == int(grid)
@@ -144,6 +149,54 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     trace = write_trace(tmp_path / "t.jsonl", [([0], 100, 1)])
     assert run_cli(["--trace", str(trace), "--policy", "lru"], capsys)[0] == 2
     assert run_cli(["--trace", str(trace), "--kv-budget", "lots"], capsys)[0] == 2
+    for bad in ("lots", "0", "1.5"):
+        rc, out, err = run_cli(["--trace", str(trace), "--swa-share", bad], capsys)
+        assert rc == 2 and "--swa-share" in err and not out
+
+
+def chats_trace(path, n=120, seed=0):
+    """n three-turn chats, each turn extending the last, no two chats sharing a block;
+    a chat starts every 4 time units and waits 10-200 between turns, so a cache holds the
+    recent chats' ends and memory decides how many."""
+    rnd, events = random.Random(seed), []
+    for c in range(n):
+        t = 4.0 * c
+        for k in range(3):
+            events.append((t, c, k))
+            t += rnd.uniform(10, 200)
+    rows = [([1000 * c + j for j in range(3 + 2 * k)], 512 * (2 + 2 * k) + 300, 20)
+            for _, c, k in sorted(events)]
+    return load_trace(write_trace(path, rows))
+
+
+def test_auto_share_gives_full_kv_all_but_the_leaves_windows(tmp_path):
+    """Reuse here is only at cached ends, so SWA beyond the leaves' windows buys nothing.
+    The auto share (peak leaves' windows) serves more than the fill-together seed, whose
+    extra SWA comes out of the full pool. Below the auto share the SWA pool is what drops
+    chats: the full pool never fills, chats go whole for their windows, and hits fall."""
+    reqs = chats_trace(tmp_path / "t.jsonl")
+    hybrid, full_kv = layouts()
+    budget = 3 * GiB
+    sized = size_swa_share(reqs, hybrid, full_kv, budget, POLICIES["hybrid"])
+    runs = {}
+    for name, share in (("auto", sized["swa_share"]), ("seed", sized["seed_share"]),
+                        ("below", 0.6 * sized["swa_share"])):
+        sim = CacheSim(hybrid, full_kv, budget, "hybrid", swa_share=share)
+        runs[name] = (sim.run(reqs, check_every=40), sim.full_short)
+    (auto, auto_short), (seed, _), (below, below_short) = runs.values()
+    assert sized["swa_share"] < sized["seed_share"] and auto_short > 0
+    assert auto["hit_tokens"] > seed["hit_tokens"]
+    assert auto["hit_tokens"] > below["hit_tokens"]
+    assert below_short == 0 and below["tree"]["evicted_full"] > 0
+
+
+def test_auto_share_keeps_the_seed_when_the_full_pool_holds_everything(tmp_path):
+    """A budget that holds every chat: a smaller SWA pool would only leave full pages
+    unused, so the rest of the budget stays with SWA (the fill-together seed)."""
+    reqs = chats_trace(tmp_path / "t.jsonl", n=10)
+    hybrid, full_kv = layouts()
+    sized = size_swa_share(reqs, hybrid, full_kv, 64 * GiB, POLICIES["hybrid"])
+    assert sized["peak_leaves"] == 10 and sized["swa_share"] == sized["seed_share"]
 
 
 def test_plot_needs_matplotlib(tmp_path, capsys, monkeypatch):

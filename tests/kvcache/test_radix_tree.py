@@ -360,3 +360,19 @@ def test_a_leaf_whose_last_safe_point_went_can_lose_its_window_next():
     tree.check_integrity()
     assert tree.stats()["cached_tokens"] == 80 and tree.stats()["swa_live_pages"] == 0
     assert tree.match(seq(81)).length == 56     # a rebuild from 80's window
+
+
+def test_num_leaves_counts_cached_sequence_ends():
+    """Leaves are the ends a window is kept for: a sequence another one extends is none,
+    a fork adds one, namespaces count apart, eviction takes them away."""
+    tree, fa, sa = make()
+    assert tree.num_leaves() == 0
+    run(tree, seq(16))
+    run(tree, seq(24))                          # extends the first: still one end
+    assert tree.num_leaves() == 1
+    run(tree, seq(12) + seq(8, 100))            # forks at 12
+    run(tree, seq(16), ns="salt")               # same tokens, another namespace
+    assert tree.num_leaves() == 3
+    tree.evict(full=fa.capacity)
+    assert tree.num_leaves() == 0
+    tree.check_integrity()
