@@ -123,25 +123,33 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
     holds at its peak, plus what one running request holds (a prefill chunk's SWA and a
     branch window). Returns {"swa_share", "seed_share", "peak_leaves"}.
 
-    Why this size: the tree keeps a window at each cached sequence's end (a leaf). A pool
-    that cannot hold all of them must drop short leaves whole, full KV included, and free
-    long leaves' windows (each reuse then recomputes a receptive field): the hit rate falls
-    off a cliff just below this size. SWA above it holds branch, superseded and speculative
-    windows, whose loss a rebuild or a later firm window mostly makes up, while the same
-    bytes of full KV keep more sequences. The fill-together share (`estimate_swa_share`)
-    sizes SWA as if every window it ever kept lived as long as full KV; the tree demotes
-    superseded ends, so that share is larger than the cache uses (README, "cache-sim").
+    Why this size: the tree keeps a window at each cached sequence's end (a leaf), where its
+    next turn continues. A pool that cannot hold them all must drop short leaves whole, full
+    KV included, and free long leaves' windows (each reuse then recomputes a receptive
+    field): the hit rate falls off a cliff just below this size. SWA above it holds branch,
+    superseded and speculative windows, whose loss a rebuild or a later firm window mostly
+    makes up, while the same bytes of full KV keep more sequences. The fill-together share
+    (`estimate_swa_share`) sizes SWA as if every window it ever kept lived as long as full
+    KV; the tree demotes superseded ends, so that share is larger than the cache uses.
+
+    Only where prompts alone are cached. With outputs cached (or every page kept) the fill
+    share is returned: the next turn continues at the output end (a leaf) if it resends the
+    output, or at the prompt end inside the sequence if it does not, which no leaf count can
+    tell; on the conversation trace, which does not, the leaves' windows alone give
+    "hybrid-output" 0.243 at 200 GiB and the fill share 0.256 (README, "cache-sim").
 
     How: replay the trace at the fill-together share (the seed), count leaves every
     `leaf_every` requests, take the peak, scale it with the full pool if that ever filled (a
     smaller SWA share leaves a larger full pool, which holds proportionally more sequences)
-    and solve
-    share * budget = leaves(share) * window bytes + one request's transient. Should the seed
-    be the smaller, its replay could not hold every leaf: replay once more at the result."""
+    and solve share * budget = leaves(share) * window bytes + one request's transient.
+    Should the seed be the smaller, its replay could not hold every leaf: replay once more
+    at the result."""
+    seed = estimate_swa_share(reqs, layout, policy, page, align, output)
+    if policy.keep_all or (policy.output if output is None else output):
+        return {"swa_share": seed, "seed_share": seed, "peak_leaves": None}
     sb, P = layout.swa_bytes_per_token, page
     win = _cdiv(layout.window - 1, P) * P * sb          # a leaf's tail window, page-aligned
     transient = ((_cdiv(chunk, P) + 1) * P if chunk else 0) * sb + win
-    seed = estimate_swa_share(reqs, layout, policy, page, align, output)
     first = seed
     for _ in range(2):
         sim = CacheSim(layout, full_kv, budget, "hybrid", page_size=page, align=align,

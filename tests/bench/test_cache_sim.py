@@ -222,3 +222,18 @@ def test_swa_share_estimate(conversation):
     prompts = estimate_swa_share(reqs, hybrid, POLICIES["hybrid"])
     assert prompts == estimate_swa_share(reqs, hybrid, POLICIES["hybrid-output"], output=False)
     assert 0.05 < prompts < with_out < 0.3     # windows of output tails cost SWA too
+
+
+def test_auto_share_is_the_fill_share_when_outputs_are_cached(tmp_path):
+    """With outputs cached a next turn may continue inside a sequence (at its prompt end),
+    where no leaf count sees it: auto keeps the fill-together share there, and sizes by
+    the leaves again once outputs are left out."""
+    reqs = chats_trace(tmp_path / "t.jsonl")
+    hybrid, full_kv = layouts()
+    pol = POLICIES["hybrid-output"]
+    fill = estimate_swa_share(reqs, hybrid, pol)
+    assert size_swa_share(reqs, hybrid, full_kv, 3 * GiB, pol) == {
+        "swa_share": fill, "seed_share": fill, "peak_leaves": None}
+    prompts = size_swa_share(reqs, hybrid, full_kv, 3 * GiB, pol, output=False)
+    assert prompts["peak_leaves"] > 0
+    assert prompts["swa_share"] < estimate_swa_share(reqs, hybrid, pol, output=False)
