@@ -155,8 +155,8 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
         sim = CacheSim(layout, full_kv, budget, "hybrid", page_size=page, align=align,
                        swa_share=seed, chunk=chunk, retention=policy, output=output,
                        rebuild=rebuild)
-        sim.run(reqs, progress=progress, label=f"sizing SWA at {seed:.4f}", every_s=10.0,
-                leaf_every=leaf_every)
+        sim.run(reqs, progress=progress, every_s=10.0, leaf_every=leaf_every,
+                label=f"sizing SWA for {budget / 2**30:g}GiB at {seed:.4f}")
         k = sim.peak_leaves * win
         if sim.full_short:      # a full pool that filled holds more sequences when larger
             k /= 1 - seed       # (leaf windows per unit of full share)
