@@ -52,8 +52,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--swa-share", default="auto",
                    help="fraction of the budget for the SWA pool; 'auto': room for the tail "
                         "window of every sequence the cache holds at its peak, measured by a "
-                        "sizing replay per budget; 'fill': sized so both pools fill together "
-                        "(no replay)")
+                        "sizing replay per budget (policies that cache prompts only; with "
+                        "outputs cached, as 'fill'); 'fill': sized so both pools fill "
+                        "together (no replay)")
     p.add_argument("--dense-every", type=int, default=None, metavar="TOKENS",
                    help="override the hybrid policies' speculative checkpoint grid "
                         "(tokens between checkpoints; 0: none)")
