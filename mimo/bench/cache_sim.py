@@ -193,13 +193,12 @@ def measure(args) -> dict:
                              bound_of=b))
     results = _map(_replay, jobs, args.jobs)
     for j, r in zip(jobs, results):
-        if (j["policy"], j["budget"]) in sizing:
+        if "bound_of" in j:
+            r["policy"], r["bound_of_bytes"] = "full-kv@bound", j["bound_of"]
+        elif (j["policy"], j["budget"]) in sizing:
             r["swa_sizing"] = {k: (round(v, 4) if isinstance(v, float) else v)
                                for k, v in sizing[j["policy"], j["budget"]].items()
                                if k != "swa_share"}
-    for j, r in zip(jobs, results):
-        if "bound_of" in j:
-            r["policy"], r["bound_of_bytes"] = "full-kv@bound", j["bound_of"]
     ideal = ideal_hit_rates(_REQS, BLOCK)
     summary = _summary([r for r in results if "bound_of_bytes" not in r],
                        ideal["ideal_hit_rate"])

@@ -149,7 +149,6 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
         return {"swa_share": seed, "seed_share": seed, "peak_leaves": None}
     sb, P = layout.swa_bytes_per_token, page
     win = _cdiv(layout.window - 1, P) * P * sb          # a leaf's tail window, page-aligned
-    transient = ((_cdiv(chunk, P) + 1) * P if chunk else 0) * sb + win
     first = seed
     for _ in range(2):
         sim = CacheSim(layout, full_kv, budget, "hybrid", page_size=page, align=align,
@@ -157,16 +156,17 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
                        rebuild=rebuild)
         sim.run(reqs, progress=progress, every_s=10.0, leaf_every=leaf_every,
                 label=f"sizing SWA for {budget / 2**30:g}GiB at {seed:.4f}")
-        k = sim.peak_leaves * win
+        k, transient = sim.peak_leaves * win, sim.chunk_pages * P * sb + win
         if sim.full_short:      # a full pool that filled holds more sequences when larger
             k /= 1 - seed       # (leaf windows per unit of full share)
             share = (k + transient) / (budget + k)
         else:   # it held the whole trace: a larger one would buy nothing, SWA keeps the rest
             share = max((k + transient) / budget, seed)
+        share = min(share, 0.95)    # (CacheSim needs a full pool)
         if share <= seed:
             break
         seed = share
-    return {"swa_share": min(share, 0.95), "seed_share": first, "peak_leaves": sim.peak_leaves}
+    return {"swa_share": share, "seed_share": first, "peak_leaves": sim.peak_leaves}
 
 
 class CacheSim:
@@ -177,7 +177,9 @@ class CacheSim:
                  chunk: int = 2048, retention: RetentionPolicy | None = None,
                  output: bool | None = None, rebuild: bool = True):
         P = self.P = page_size
-        self.name, self.budget, self.chunk, self.window = policy, budget, chunk, layout.window
+        self.name, self.budget, self.window = policy, budget, layout.window
+        # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
+        self.chunk_pages = _cdiv(chunk, P) + 1 if chunk else 0
         if retention is None:
             retention = POLICIES.get(policy, RetentionPolicy())
         over = {"align": align} if output is None else {"align": align, "output": output}
@@ -222,8 +224,7 @@ class CacheSim:
             # A rebuild's SWA is exact only from swa_exact_from on (RadixTree.match).
             lo = _cdiv(m.swa_exact_from, P)
             keep_new = sorted(i for i in keep if lo <= i < n)
-        # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
-        transient = min(_cdiv(self.chunk, P) + 1, n - q0) if self.hybrid and self.chunk else 0
+        transient = min(self.chunk_pages, n - q0) if self.hybrid else 0
         short_f = n - qf - self.fa.num_free
         short_s = len(keep_new) + transient - self.sa.num_free if self.hybrid else 0
         self.full_short += short_f > 0
