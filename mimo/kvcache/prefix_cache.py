@@ -70,7 +70,7 @@ class PrefixCache(PrefixMatch):
             seq.swa_exact_from = m.swa_exact_from
             seq.lock_window = False
         if self.pool.hybrid and not self.tree.policy.keep_all:
-            exact = -(-seq.swa_exact_from // self.P)
+            exact = self._first_exact_page(seq)
             seq.keep_swa = frozenset(p for p in self.tree.keep_pages(max_len, prompt_len,
                                                                      m.prefix_len) if p >= exact)
         if not m.full_len:
@@ -83,12 +83,17 @@ class PrefixCache(PrefixMatch):
             seq.swa_released = m.swa_first
         return m.length
 
+    def _first_exact_page(self, seq: SeqKV) -> int:
+        """First logical page whose SWA KV the request computes exactly (all of them but a
+        window rebuild's first ones, see SeqKV): the only ones retention keeps."""
+        return -(-seq.swa_exact_from // self.P)
+
     def _offered_swa(self, seq: SeqKV, n: int):
         """The request's SWA pages of its first n logical pages that the cache may take:
         none starting before `swa_exact_from` (a rebuild's inexact SWA KV)."""
         if not self.pool.hybrid:
             return None
-        exact = -(-seq.swa_exact_from // self.P)
+        exact = self._first_exact_page(seq)
         return [None if i < exact else p for i, p in enumerate(seq.swa_pages[:n])]
 
     # ---- while running / at the end -----------------------------------------------------

@@ -115,8 +115,8 @@ class RadixTree(TreeCore, EvictMixin):
         P, now = self.P, self._tick()
         path, m, q = self._lookup(root, tokens)
         q_full = q
-        r = self._rebuild_start(m, rebuild) if self.hybrid and rebuild > 0 else 0
-        if r > q:
+        r = self._rebuild_beyond(m, q, rebuild)
+        if r:
             self.counters["rebuilt_tokens"] += (r - q) * P * count
             q, q_full = r, m // P
         if self.hybrid and count and m > q * P:
@@ -151,6 +151,14 @@ class RadixTree(TreeCore, EvictMixin):
                     self._push_swa(n)
         return res
 
+    def _rebuild_beyond(self, m: int, q: int, rebuild: int) -> int:
+        """The first page of a rebuild ending at the token-equal end `m` when it starts
+        past the last window-safe page `q` (so a match would take it), else 0."""
+        if not self.hybrid or rebuild <= 0 or m <= q * self.P:
+            return 0
+        r = self._rebuild_start(m, rebuild)
+        return r if r > q else 0
+
     def _rebuild_start(self, end: int, rebuild: int) -> int:
         """First page of a rebuild ending at `end` (0: none). Its SWA KV is exact from
         start + rebuild - (W - 1) on; the start is chosen so that this is no later than the
@@ -175,9 +183,7 @@ class RadixTree(TreeCore, EvictMixin):
         if self.mode == "off" or root is None:
             return 0
         _, m, q = self._lookup(root, tokens)
-        if self.hybrid and rebuild > 0 and m > q * self.P:
-            q = max(q, self._rebuild_start(m, rebuild))
-        return q * self.P
+        return (self._rebuild_beyond(m, q, rebuild) or q) * self.P
 
     def _lookup(self, root: Node, tokens) -> tuple[list, int, int]:
         """(path, tokens equal to a cached path, window-safe pages of them): the read-only
