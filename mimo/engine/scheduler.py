@@ -67,6 +67,10 @@ class Scheduler:
             opts = {"aging_per_second": cfg.aging_per_second, "uncached": self._uncached}
         self.waiting: WaitingPolicy = make_policy(cfg.policy, buckets=cfg.length_buckets, **opts)
         self.running: list[Sequence] = []
+        self.num_preemptions = 0    # since start (/metrics)
+        # Requests the step in progress has touched (admitted, grown, drafted for): the
+        # ones a step that raises fails (LLMEngine.step).
+        self.touched: list[Sequence] = []
         self.clock = time.monotonic
 
     def _cached(self, seq: Sequence) -> bool:
@@ -96,6 +100,9 @@ class Scheduler:
                if self.pool.hybrid else 0)
         if kv is not None and self.pool.hybrid:
             swa += len(kv.keep_swa)
+        if kv is not None and self._cached(seq):
+            pf, ps = self.cache.pinned_outside(kv)
+            full, swa = full + pf, swa + ps
         return full, swa
 
     @property
@@ -177,19 +184,26 @@ class Scheduler:
             kv = self.pool.new_seq()
             cached = 0
             if self._cached(seq):
-                cached = self.cache.admit(kv, seq.all_ids[:seq.prefill_end],
-                                          len(seq.prompt_ids), seq.max_len, seq.cache_namespace)
+                try:
+                    cached = self.cache.admit(kv, seq.all_ids[:seq.prefill_end],
+                                              len(seq.prompt_ids), seq.max_len,
+                                              seq.cache_namespace)
+                except Exception:
+                    self.touched.append(seq)    # the step fails it
+                    self.cache.release(kv)
+                    raise
             if not self._can_admit(seq, kv) and kv.keep_swa:
                 kv.keep_swa = frozenset()   # too tight to hold retention windows: run anyway
             if not self._can_admit(seq, kv):
                 if self._cached(seq):
-                    self.cache.finish(kv, [], len(seq.prompt_ids))
+                    self.cache.release(kv)
                 else:
                     self.pool.free_seq(kv)
                 if self.waiting.may_skip(seq, now):
                     continue
                 break
             self.waiting.pop(seq)
+            self.touched.append(seq)
             seq.admitted_at = now
             seq.kv = kv
             seq.num_computed = cached
@@ -234,6 +248,7 @@ class Scheduler:
         return fa.num_free + fa.num_evictable, sa.num_free + sa.num_evictable
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
+        self.touched.append(seq)
         start = seq.num_computed
         if self.cache is not None:
             self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
@@ -244,14 +259,15 @@ class Scheduler:
 
     # ---- preemption (optimistic admission) -----------------------------------------------
     def _preempt_for_decode(self) -> None:
-        """Make room for this step's decode tokens: while the full pool (free + cache
+        """Make room for this step's decode tokens: while either pool (free + cache
         evictable) cannot grow every decoding request by one token, preempt the request
         admitted last. Its KV goes to the prefix cache (when there is one), so resuming
         recomputes little; it rejoins the queue with its original arrival time."""
-        while True:
-            need = sum(self.pool.pages_to_grow(r.kv, r.num_computed + 1)[0]
-                       for r in self.running if not r.in_prefill)
-            if need <= self._available()[0] or len(self.running) <= 1:
+        while len(self.running) > 1:
+            grow = [self.pool.pages_to_grow(r.kv, r.num_computed + 1)
+                    for r in self.running if not r.in_prefill]
+            free_f, free_s = self._available()
+            if sum(f for f, _ in grow) <= free_f and sum(s for _, s in grow) <= free_s:
                 return
             self.preempt(self.running[-1])
 
@@ -265,6 +281,7 @@ class Scheduler:
         seq.kv, seq.num_computed = None, 0
         seq.prefill_end = seq.num_tokens
         seq.preemptions += 1
+        self.num_preemptions += 1
         seq.status = Status.WAITING
         self.waiting.push(seq, self.clock(), since=seq.queued_at)
 
@@ -280,10 +297,25 @@ class Scheduler:
             # reuses it); before window release, which may free pages the tree would keep.
             if (self._cached(seq) and seq.finish_reason is None
                     and c.start < seq.prefill_end):
-                self.cache.sync(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
+                self.cache.sync(seq.kv, seq.all_ids[:max(0, seq.num_computed - self.swa_lag)],
+                                len(seq.prompt_ids))
             self.pool.release_window(seq.kv, max(0, seq.num_computed - self.swa_lag))
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
+
+    def fail(self, seq: Sequence) -> None:
+        """End a request whose step failed: its pages are freed and none of its KV is
+        offered to the cache (it may be half written)."""
+        if seq.status is Status.RUNNING:
+            self.running.remove(seq)
+            if self._cached(seq):
+                self.cache.finish(seq.kv, [], len(seq.prompt_ids))
+            else:
+                self.pool.free_seq(seq.kv)
+            seq.kv = None
+        elif seq.status is Status.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.status = Status.FINISHED
 
     def finish(self, seq: Sequence) -> None:
         if seq.status is Status.RUNNING:

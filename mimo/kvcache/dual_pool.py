@@ -164,6 +164,31 @@ class DualPool:
         del seq.full_pages[keep:]
         return len(extra)
 
+    def adopt(self, seq: SeqKV, full: dict[int, int], swa: dict[int, int]) -> None:
+        """Point logical pages of `seq` at the prefix cache's copies of the same KV:
+        `full` / `swa` map a logical page to the cache's page. The request's own pages they
+        replace are freed (a request that recomputed tokens the cache already held, then
+        moves its lock onto the cache's copy: see `PrefixCache.sync`)."""
+        free_f, free_s = [], []
+        for i, page in full.items():
+            own = seq.full_pages[i]
+            if own == page:
+                continue
+            assert not self.is_shared_full(own), "adopting over another cached page"
+            self._unmap(own)
+            free_f.append(own)
+            seq.full_pages[i] = page
+        for i, page in swa.items():
+            own = seq.swa_pages[i]
+            if own is None or own == page:
+                continue            # released: the request no longer reads it
+            assert not self.is_shared_swa(own), "adopting over another cached SWA page"
+            self._unmap_if(seq.full_pages[i], own)
+            free_s.append(own)
+            seq.swa_pages[i] = page
+        self.full.allocator.free(free_f)
+        self.swa.allocator.free(free_s)
+
     def free_seq(self, seq: SeqKV) -> None:
         """Return every page the sequence holds (not the prefix cache's). A sequence is
         freed exactly once."""

@@ -99,7 +99,15 @@ class PrefixCache(PrefixMatch):
     # ---- while running / at the end -----------------------------------------------------
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
         """Insert the request's whole pages of KV so far and move its lock to the longest
-        window-safe cached prefix of them (call before `DualPool.release_window`)."""
+        window-safe cached prefix of them (call before `DualPool.release_window`).
+
+        `tokens` must end no later than the point window release keeps SWA from (the
+        computed length less a lagging drafter's `swa_lag`): the tree then holds none of
+        the request's SWA pages outside the window the new lock covers. The lock's node is
+        a plain window-safe match (never a rebuild: its window is live by construction);
+        where the tree held its own copy of tokens the request recomputed, the request
+        adopts that copy (`DualPool.adopt`, freeing its duplicates) so that the lock pins
+        only pages in the request's tables."""
         n = len(tokens) // self.P
         if n == 0:
             return
@@ -107,11 +115,18 @@ class PrefixCache(PrefixMatch):
                          seq.namespace, prompt_len=prompt_len, revive=False,
                          branch_len=seq.branch_len)
         # Pages the tree did not take stay the request's own until it finishes.
-        m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False)
-        if m.node is not seq.node and m.length >= (seq.node.end if seq.node else 0):
-            self.tree.lock(m.node)
-            self.tree.unlock(seq.node, seq.lock_window)
-            seq.node, seq.lock_window = m.node, True
+        m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False, rebuild=0)
+        if m.node is seq.node or m.length < (seq.node.end if seq.node else 0):
+            return
+        self.tree.lock(m.node)
+        full = {i: p for i, p in enumerate(m.full_pages) if seq.full_pages[i] != p}
+        swa = ({i: p for i, p in enumerate(m.swa_pages)
+                if p is not None and seq.swa_pages[i] not in (None, p)}
+               if self.pool.hybrid else {})
+        if full or swa:
+            self.pool.adopt(seq, full, swa)
+        self.tree.unlock(seq.node, seq.lock_window)
+        seq.node, seq.lock_window = m.node, True
 
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
         """Offer the finished (or aborted) request's KV to the tree, then let go of
@@ -126,6 +141,23 @@ class PrefixCache(PrefixMatch):
         node, seq.node, window = seq.node, None, seq.lock_window
         self.pool.free_seq(seq)        # frees only pages the tree does not own
         self.tree.unlock(node, window)
+
+    def release(self, seq: SeqKV) -> None:
+        """Undo `admit`: no KV offered, and a rebuild match's leaf is left as it was (its
+        full KV is what a later admission rebuilds from; finishing would trim it)."""
+        node, seq.node, window = seq.node, None, seq.lock_window
+        self.pool.free_seq(seq)
+        self.tree.unlock(node, window, fix=False)
+
+    def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
+        """SWA pages of the lock's window that the request's table no longer holds (window
+        release dropped them while the lock stays). Full: none, since the lock's path is
+        the request's own table (`sync` adopts the tree's copy before locking it)."""
+        node = seq.node
+        if node is None or not seq.lock_window or not self.pool.hybrid:
+            return 0, 0
+        table = seq.swa_pages
+        return 0, sum(g >= len(table) or table[g] != page for g, page in self.tree.window_of(node))
 
     # ---- room ---------------------------------------------------------------------------
     def make_room(self, full: int, swa: int) -> None:

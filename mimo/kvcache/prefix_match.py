@@ -35,6 +35,16 @@ class PrefixMatch(ABC):
         """The request ended (or was preempted): keep what is worth keeping, free the rest
         of its pages (`DualPool.free_seq`) and drop its protection."""
 
+    def release(self, seq: SeqKV) -> None:
+        """Undo `admit` for a request that was not admitted after all (no room): drop its
+        protection and its pages and leave the cache as the match found it."""
+        self.finish(seq, [], 0)
+
+    def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
+        """(full, SWA) pages the request's protection keeps in use that are not in its own
+        tables. The scheduler reserves them for the request (the rule in scheduler.py)."""
+        return 0, 0
+
     @abstractmethod
     def make_room(self, full: int, swa: int) -> None:
         """Evict until `full` / `swa` pages are free, or nothing evictable is left."""

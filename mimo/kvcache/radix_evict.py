@@ -37,6 +37,23 @@ class EvictMixin:
     def evict(self, full: int = 0, swa: int = 0) -> tuple[int, int]:
         """Free at least `full` full pages and `swa` SWA pages, fewer only when everything
         left is locked. Returns (full pages freed, SWA pages freed)."""
+        ff, fs = self._evict(full, swa)
+        if (ff < full and self.full_alloc.num_evictable) or (
+                fs < swa and self.hybrid and self.swa_alloc.num_evictable):
+            # Evictable pages the lazy heaps lost track of (a bug elsewhere, but the
+            # scheduler counts them as available): rebuild both heaps and go on.
+            self._reheap()
+            a, b = self._evict(full - ff, swa - fs)
+            ff, fs = ff + a, fs + b
+        return ff, fs
+
+    def _reheap(self) -> None:
+        self._leaf_heap, self._swa_heap = [], []
+        for n in self._nodes():
+            self._push_leaf(n)
+            self._push_swa(n)
+
+    def _evict(self, full: int, swa: int) -> tuple[int, int]:
         self._compact()
         ff = fs = 0
         while ff < full:

@@ -215,7 +215,15 @@ class RadixTree(TreeCore, EvictMixin):
             if c == 0:
                 self.swa_alloc.unpark([n.swa[i]])
 
-    def unlock(self, node: Node | None, window: bool = True) -> None:
+    def window_of(self, node: Node | None) -> list[tuple[int, int]]:
+        """(logical page, SWA page) of the window a window lock on `node` pins."""
+        if node is None or node.parent is None or not self.hybrid:
+            return []
+        return [(n.start // self.P + i, n.swa[i]) for n, i in self._window(node)]
+
+    def unlock(self, node: Node | None, window: bool = True, fix: bool = True) -> None:
+        """Undo `lock`. `fix=False`: leave a rebuild-locked leaf untrimmed (the match is
+        being handed back unused, so its leaf is exactly as the match found it)."""
         if node is None or node.parent is None:
             return
         for n, i in (self._window(node) if self.hybrid and window else ()):
@@ -234,7 +242,8 @@ class RadixTree(TreeCore, EvictMixin):
                 self.full_alloc.park(n.full)
                 self._push_leaf(n)
             n = n.parent
-        if not window and self.hybrid and node.alive and not node.children and not node.lock_ref:
+        if (fix and not window and self.hybrid and node.alive and not node.children
+                and not node.lock_ref):
             # A rebuild lock may have kept a leaf whose window is gone (its subtree was
             # evicted meanwhile and the request did not extend it): cut it back to safety.
             self._fix_leaf(node)
@@ -336,7 +345,9 @@ class RadixTree(TreeCore, EvictMixin):
                     own_prompt = (self.policy.prompt and prompt_len is not None
                                   and last.end in self.policy.prompt_points(prompt_len, P))
                     last.swa_time = now if own_prompt else now - SPECULATIVE
-                    self._push_swa(last)
+                    # No longer a leaf, it protects no tail window: the nodes holding that
+                    # window may have left the SWA heap while protected.
+                    self._push_window(last)
             bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
             lo = mq
             for hi in bounds:
