@@ -85,9 +85,17 @@ def main(argv=None) -> int:
                             log_level=args.log_level, access_log=args.log_level == "debug",
                             timeout_graceful_shutdown=2)
     uv = uvicorn.Server(config)
+
+    def on_fatal(err):
+        # /health answers 503 for a moment (monitors see why), then the process exits non-zero.
+        asyncio.get_running_loop().call_later(2.0, setattr, uv, "should_exit", True)
+    server.engine.on_fatal = on_fatal
     logging.getLogger("mimo").info("serving %s on http://%s:%d", server.model_name, scfg.host,
                                    scfg.port)
     asyncio.run(uv.serve()) if loop == "asyncio" else uv.run()
+    if server.engine.fatal is not None:
+        print(f"error: the engine stopped: {server.engine.fatal!r}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -4,6 +4,7 @@ responses; errors go through
 `errors.error_response`, the one place exceptions become HTTP."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -39,6 +40,7 @@ class Server:
         self.pipeline = self.chat_pipeline.pipeline
         if self.chat_pipeline.multimodal:
             self.metrics.watch_encoder(self.chat_pipeline.encode)
+        self.metrics.watch_engine(eng)
         if eng.cache is not None:
             self.metrics.watch_prefix_cache(eng.cache)
 
@@ -122,12 +124,14 @@ class Server:
             stream = self.pipeline.stream(req)
             t0 = time.perf_counter()
             try:
-                first = await stream.__anext__()      # errors before the first token -> HTTP
-            except StopAsyncIteration:
-                first = None
+                # Errors before the first token -> HTTP. A client that leaves meanwhile
+                # (a long prefill) is noticed here, and its request aborted.
+                first = await _unless_disconnected(request, anext(stream, None))
             except BaseException:
                 await stream.aclose()
                 raise
+        except ClientGone:
+            return self._abandoned(endpoint)
         except Exception as e:  # noqa: BLE001 - every failure is answered in OpenAI's shape
             resp = error_response(e)
             self.metrics.requests.labels(endpoint, str(resp.status_code)).inc()
@@ -137,7 +141,18 @@ class Server:
             return StreamingResponse(self._sse(kind, spec, req, stream, first, t0),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await self._whole(kind, spec, req, stream, first, t0)
+        try:
+            return await _unless_disconnected(
+                request, self._whole(kind, spec, req, stream, first, t0))
+        except ClientGone:          # _whole's stream was closed: the engine aborts it
+            return self._abandoned(endpoint)
+
+    def _abandoned(self, endpoint: str) -> Response:
+        """The client went away before its answer was complete: counted as such (never as a
+        200); the response goes nowhere."""
+        self.metrics.aborted.labels(endpoint).inc()
+        self.metrics.requests.labels(endpoint, "499").inc()
+        return Response(status_code=499)
 
     @staticmethod
     def _prompt_len(req) -> int:
@@ -214,7 +229,7 @@ class Server:
             return _event({"id": rid, "object": obj, "created": created,
                            "model": self.model_name, "choices": [choice]})
 
-        status = "200"
+        status = None           # set once the answer is complete or failed
         last = time.perf_counter()
         try:
             if kind == "chat":
@@ -231,6 +246,7 @@ class Server:
             if spec.include_usage:
                 yield _event({"id": rid, "object": obj, "created": created,
                               "model": self.model_name, "choices": [], "usage": self._usage(req)})
+            status = "200"
             yield b"data: [DONE]\n\n"
         except Exception as e:  # noqa: BLE001 - headers are out: report in-band, then end
             from .errors import error_body, to_api_error
@@ -241,8 +257,41 @@ class Server:
             with contextlib.suppress(Exception):
                 await stream.aclose()
             self._account(req)
+            if status is None:      # cancelled: the client disconnected mid-stream
+                self.metrics.aborted.labels(endpoint).inc()
+                status = "499"
             self.metrics.requests.labels(endpoint, status).inc()
             self.metrics.e2e.observe(time.perf_counter() - t0)
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected before its answer was complete."""
+
+
+async def _unless_disconnected(request, awaitable):
+    """Await `awaitable` unless the client disconnects first: then cancel it (closing the
+    request's stream aborts it in the engine) and raise ClientGone. Call only after the
+    body was read, so the next ASGI message can only be the disconnect."""
+    task = asyncio.ensure_future(awaitable)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise ClientGone()
+    return task.result()
+
+
+async def _disconnected(request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _id(kind: str) -> str:

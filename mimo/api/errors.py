@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 from ..config import ConfigError
-from ..engine.engine import RequestError
+from ..engine.engine import EngineStopped, RequestError
 from ..media.errors import MediaError
 from ..models.chat_template import ChatTemplateError
 from ..pipeline.errors import (InvalidRequest, Overloaded, PipelineClosed, PipelineError,
@@ -34,7 +34,7 @@ def to_api_error(e: BaseException) -> APIError:
         cause = e.__cause__ or getattr(e, "cause", None)
         if cause is not None and not isinstance(cause, StageError):
             inner = to_api_error(cause)
-            if inner.status < 500:
+            if inner.status != 500:     # the client's fault, or a known server state
                 return inner
         return APIError(500, "internal error while processing the request", "server_error")
     if isinstance(e, MediaError):       # bad URL, bytes or size: the client's media
@@ -42,6 +42,9 @@ def to_api_error(e: BaseException) -> APIError:
     if isinstance(e, (RequestError, ChatTemplateError, InvalidRequest, ConfigError, ValueError,
                       TypeError)):
         return bad_request(str(e))
+    if isinstance(e, EngineStopped):
+        return APIError(503, "the engine stopped after an internal error; the server is "
+                             "shutting down", "server_error", code="engine_stopped")
     if isinstance(e, (Overloaded, PipelineClosed)):
         return APIError(503, str(e) or "server overloaded, retry later", "server_error",
                         code="overloaded")

@@ -8,6 +8,11 @@ Speculative decoding (present whatever the flag; zero while it is off):
   mimo_spec_mean_acceptance_length        emitted / verify steps since start (1.0 = no gain)
 The acceptance rate at position i is accepted{position="i"} / draft{position="i"}.
 
+Engine:
+  mimo_preemptions_total                  running requests preempted (they resume later)
+  mimo_failed_steps_total                 engine steps that raised (each failed only its requests)
+  mimo_requests_aborted_total{endpoint}   requests whose client went away first (status 499)
+
 Prefix cache (when it is on):
   mimo_prefix_cache_window_cut_tokens_total{cause}  prompt tokens equal to a cached prefix
       but not reused, the SWA window before them missing: cause="never_kept" (retention
@@ -55,6 +60,9 @@ class Metrics:
         self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",
                                     "Longest time any request waited for admission", registry=r)
         self._max_wait = 0.0
+        self.aborted = Counter("mimo_requests_aborted", "Requests whose client went away "
+                               "before the answer was complete (their KV freed at once)",
+                               ["endpoint"], registry=r)
 
     def watch_encoder(self, encode) -> None:
         """Export the encode stage's forward count and the embedding cache's hits and
@@ -65,6 +73,11 @@ class Metrics:
         """Export a prefix cache's running totals (`PrefixMatch.counters`), read at scrape
         time: window cuts by cause, evicted and revived pages."""
         self.registry.register(_PrefixCacheCollector(cache))
+
+    def watch_engine(self, engine) -> None:
+        """Export the engine's running totals, read at scrape time: preemptions and steps
+        that failed (each failed only the requests it touched)."""
+        self.registry.register(_EngineCollector(engine))
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
@@ -101,6 +114,18 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCollector:
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        eng = self.engine       # racy reads of plain ints: fine for monitoring
+        yield CounterMetricFamily("mimo_preemptions", "Running requests preempted to free KV "
+                                  "pages (they resume later)", value=eng.scheduler.num_preemptions)
+        yield CounterMetricFamily("mimo_failed_steps", "Engine steps that raised; each failed "
+                                  "only the requests it touched", value=eng.failed_steps)
 
 
 class _EncoderCollector:

@@ -9,14 +9,17 @@ through `call_soon_threadsafe`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
 
-from .engine import LLMEngine
+from .engine import EngineStopped, LLMEngine, StepFailed
 from .sampling_params import SamplingParams
 from .sequence import Sequence
+
+log = logging.getLogger("mimo.engine")
 
 
 @dataclass
@@ -60,6 +63,7 @@ class AsyncEngine:
         self.steps = 0
         self.last_step_seconds = 0.0
         self.fatal: BaseException | None = None
+        self.on_fatal = None        # called (on the event loop) with the error that stopped it
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -77,7 +81,7 @@ class AsyncEngine:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
         the engine thread. `mm`: an MMPrompt for a prompt with images or videos."""
         if self.fatal is not None:
-            raise RuntimeError(f"engine stopped after an internal error: {self.fatal}")
+            raise EngineStopped(f"the engine stopped after an internal error: {self.fatal!r}")
         seq = self.engine.new_sequence(prompt_ids, params, mm)
         stream = RequestStream(seq)
         self._inbox.put(("add", stream))
@@ -120,9 +124,12 @@ class AsyncEngine:
             t0 = time.perf_counter()
             try:
                 out = eng.step()
-            except Exception as e:  # noqa: BLE001 - the step's requests get the error
-                self._fail_finished(e)
+            except StepFailed as e:     # its requests get the error; the loop goes on
+                self._fail(e.failed, e)
                 continue
+            except BaseException as e:  # noqa: BLE001 - EngineBroken, or a bug outside step()
+                self._die(e)
+                return
             self.steps += 1
             self.last_step_seconds = time.perf_counter() - t0
             # One event per request and step: with speculative decoding a step may give a
@@ -138,9 +145,20 @@ class AsyncEngine:
                 if seq.finish_reason is not None:
                     del self._streams[seq.id]
 
-    def _fail_finished(self, err: Exception) -> None:
-        """LLMEngine.step finished every request of a failed step with reason 'error'."""
-        for sid, stream in list(self._streams.items()):
-            if stream.seq.finish_reason == "error":
-                del self._streams[sid]
+    def _fail(self, seqs, err: BaseException) -> None:
+        for seq in seqs:
+            stream = self._streams.pop(seq.id, None)
+            if stream is not None:
                 self._emit(stream, StreamEvent([], "error", error=err))
+
+    def _die(self, err: BaseException) -> None:
+        """The engine cannot go on: every request gets the error, `fatal` turns /health
+        into 503 and new requests are refused; `on_fatal` (the server: stop the process
+        with a non-zero exit) is called on the event loop."""
+        log.critical("engine stopped: %r", err, exc_info=err)
+        self.fatal = err
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            self._emit(stream, StreamEvent([], "error", error=err))
+        if self.on_fatal is not None:
+            self._loop.call_soon_threadsafe(self.on_fatal, err)

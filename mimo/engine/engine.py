@@ -3,12 +3,14 @@ iteration of continuous batching. Synchronous; the server drives it from its own
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from typing import Callable
 
 import torch
 
 from ..config import ConfigError, EngineConfig
+from ..kvcache.allocator import OutOfPages
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
 from ..models import registry
@@ -20,11 +22,29 @@ from .sampling_params import SamplingParams
 from .scheduler import Scheduler
 from .sequence import Sequence, Status
 
+log = logging.getLogger("mimo.engine")
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class RequestError(ValueError):
     """A request that can never be served as given (empty, too long, ...)."""
+
+
+class StepFailed(RuntimeError):
+    """An engine step raised; the requests it touched (`failed`) were finished with
+    reason 'error' and their KV freed. The engine goes on."""
+    def __init__(self, cause: BaseException, failed: list):
+        super().__init__(f"engine step failed: {cause!r}")
+        self.cause, self.failed = cause, failed
+
+
+class EngineBroken(RuntimeError):
+    """The pools or the prefix cache are inconsistent: the engine must stop."""
+
+
+class EngineStopped(RuntimeError):
+    """A request was submitted after the engine stopped (see `AsyncEngine.fatal`)."""
 
 
 class LLMEngine:
@@ -76,6 +96,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
                                    num_draft=self.decode.num_draft, swa_lag=self.decode.swa_lag,
                                    prefill=prefill_step)
+        self.failed_steps = 0       # steps that raised (each failed only its requests)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(
@@ -139,22 +160,26 @@ class LLMEngine:
         """One iteration: schedule (prefix match at admission, prefill chunks, decode
         tokens), run the model once through the decode step, append tokens, commit.
         Returns (sequence, new token) pairs in order; a decode step that verifies drafts
-        may give a sequence several tokens in one step."""
-        dec = self.decode
-        chunks = self.scheduler.schedule(dec.propose(self.scheduler.running))
+        may give a sequence several tokens in one step.
+
+        A step that raises fails the requests it touched (finish reason 'error', their KV
+        freed, none of it offered to the cache) and re-raises as `StepFailed`, so the next
+        step goes on without them. If the pools or the tree are inconsistent afterwards,
+        it raises `EngineBroken`: nothing more can be trusted."""
+        try:
+            return self._step()
+        except Exception as e:  # noqa: BLE001 - contained below, or escalated
+            failed = self._fail_step(e)
+            raise StepFailed(e, failed) from e
+
+    def _step(self) -> list[tuple[Sequence, int]]:
+        dec, sched = self.decode, self.scheduler
+        sched.touched = list(sched.running)     # the drafter reads every running request
+        chunks = sched.schedule(dec.propose(sched.running))
         if not chunks:
             return []
         sampled = [c for c in chunks if c.sample]
-        try:
-            tokens = dec.execute(self.runner, self.model.lm_head, chunks)
-        except Exception:
-            # A failed forward or sampling leaves nothing allocated for the requests it
-            # carried, and they are finished, so the next step does not repeat the failure.
-            for c in chunks:
-                c.seq.finish_reason = "error"
-                self.scheduler.finish(c.seq)
-                dec.finished(c.seq)
-            raise
+        tokens = dec.execute(self.runner, self.model.lm_head, chunks)
         out = []
         for c, toks in zip(sampled, tokens):
             emitted = []
@@ -166,11 +191,36 @@ class LLMEngine:
                     break
             dec.settle(c, emitted)
         dec.end_step()
-        self.scheduler.commit(chunks)
+        sched.commit(chunks)
         for c in chunks:
             if c.seq.finish_reason is not None:
                 dec.finished(c.seq)
+        sched.touched = []
         return out
+
+    def _fail_step(self, err: Exception) -> list[Sequence]:
+        sched = self.scheduler
+        failed = [s for s in dict.fromkeys(sched.touched) if s.status is not Status.FINISHED]
+        sched.touched = []
+        self.failed_steps += 1
+        if isinstance(err, OutOfPages) and self.config.scheduler.admission == "reserve":
+            # Reservation promises this never happens: a bug, logged with the pools' state.
+            log.error("BUG: OutOfPages under admission='reserve': %s; pools %s; running %d, "
+                      "waiting %d", err, self.pool.stats(), len(sched.running), len(sched.waiting))
+        else:
+            log.error("engine step failed (%d requests fail with it): %r", len(failed), err)
+        try:
+            for seq in failed:
+                seq.finish_reason = "error"
+                sched.fail(seq)
+                self.decode.finished(seq)
+            self.pool.check_integrity()
+            if self.cache is not None:
+                self.cache.check_integrity()
+        except Exception as broken:  # noqa: BLE001
+            raise EngineBroken(f"engine state is inconsistent after a failed step "
+                               f"({err!r}): {broken!r}") from broken
+        return failed
 
     def prompt_logits(self, prompt_ids: list[int], chunk: int | None = None,
                       mm=None) -> torch.Tensor:
