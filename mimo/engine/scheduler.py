@@ -68,9 +68,9 @@ class Scheduler:
         self.waiting: WaitingPolicy = make_policy(cfg.policy, buckets=cfg.length_buckets, **opts)
         self.running: list[Sequence] = []
         self.num_preemptions = 0    # since start (/metrics)
-        # Requests the step in progress has touched (admitted, grown, drafted for): the
-        # ones a step that raises fails (LLMEngine.step).
+        # The requests a step that raises fails (LLMEngine.step): set by `schedule`.
         self.touched: list[Sequence] = []
+        self._current: Sequence | None = None   # the request being planned
         self.clock = time.monotonic
 
     def _cached(self, seq: Sequence) -> bool:
@@ -134,7 +134,20 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self, drafts: dict | None = None) -> list[ScheduledChunk]:
-        """`drafts`: {sequence in decode: draft tokens} (speculative decoding), or None."""
+        """`drafts`: {sequence in decode: draft tokens} (speculative decoding), or None.
+        Sets `touched`: the requests of the chunks returned or, if planning raises, the
+        one request being planned then (the chunks planned before it only grew page
+        tables, which the next step reuses as they are)."""
+        self.touched, self._current = [], None
+        try:
+            out = self._schedule(drafts)
+        except Exception:
+            self.touched = [self._current] if self._current is not None else list(self.running)
+            raise
+        self.touched = [c.seq for c in out]
+        return out
+
+    def _schedule(self, drafts: dict | None) -> list[ScheduledChunk]:
         budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
         if self.cfg.admission == "optimistic":
@@ -162,6 +175,7 @@ class Scheduler:
                 budget -= 1 + len(d)
         for seq in self.running:
             if seq.in_prefill and budget > 0:
+                self._current = seq
                 n = self._prefill_tokens(seq, budget)
                 if n:
                     out.append(self._chunk(seq, n))
@@ -181,6 +195,7 @@ class Scheduler:
         for seq in self.waiting.candidates(now, bucket=turn):
             if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
+            self._current = seq
             kv = self.pool.new_seq()
             cached = 0
             if self._cached(seq):
@@ -189,7 +204,6 @@ class Scheduler:
                                               len(seq.prompt_ids), seq.max_len,
                                               seq.cache_namespace)
                 except Exception:
-                    self.touched.append(seq)    # the step fails it
                     self.cache.release(kv)
                     raise
             if not self._can_admit(seq, kv) and kv.keep_swa:
@@ -203,7 +217,6 @@ class Scheduler:
                     continue
                 break
             self.waiting.pop(seq)
-            self.touched.append(seq)
             seq.admitted_at = now
             seq.kv = kv
             seq.num_computed = cached
@@ -248,7 +261,7 @@ class Scheduler:
         return fa.num_free + fa.num_evictable, sa.num_free + sa.num_evictable
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
-        self.touched.append(seq)
+        self._current = seq
         start = seq.num_computed
         if self.cache is not None:
             self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
@@ -272,6 +285,7 @@ class Scheduler:
             self.preempt(self.running[-1])
 
     def preempt(self, seq: Sequence) -> None:
+        self._current = seq
         self.running.remove(seq)
         tokens = seq.all_ids[:seq.num_computed]
         if self._cached(seq):

@@ -1,0 +1,97 @@
+"""The page accounting between the prefix cache's locks and the scheduler's reservations,
+each case one that broke before (no model: the scheduler and the cache alone)."""
+import random
+
+from mimo.engine.prefill_step import PrefillStep
+from sched_harness import Harness
+
+
+class SlowFor(PrefillStep):
+    """Prefill chunks of at most `n` tokens for the requests in `slow`."""
+    def __init__(self, n):
+        self.n, self.slow = n, set()
+
+    def plan(self, seq, remaining, budget, room):
+        k = super().plan(seq, remaining, budget, room)
+        return min(k, self.n) if seq.id in self.slow else k
+
+
+def _tokens(n, seed=0):
+    rng = random.Random(seed)
+    return [rng.randrange(3, 100) for _ in range(n)]
+
+
+def test_sync_after_another_request_cached_further_locks_a_window_safe_node():
+    """X prefills slowly while Y caches the same tokens further on (windows only at its own
+    checkpoints). X's next sync matches Y's path, where the window before X's chunk end was
+    never kept: a rebuild match, whose window cannot be locked. It locks a plain
+    window-safe node instead, and adopts Y's copy of what it recomputed."""
+    slow = SlowFor(2)
+    h = Harness(prefill=slow, chunk=40)
+    T = _tokens(64)
+    x = h.add(T[:48] + [5, 6], max_tokens=4)
+    slow.slow.add(x.id)
+    h.step()                        # X starts with nothing cached
+    y = h.add(T, max_tokens=1)
+    h.run(until=lambda: y.finish_reason is not None)
+    assert x.num_computed < 20
+    h.run()                         # raised "locking a window that is not live" before
+    assert x.finish_reason == "length"
+    h.check()
+    assert h.pool.full.allocator.num_in_use == 0
+
+
+def test_a_request_that_recomputed_cached_tokens_pins_only_pages_in_its_table():
+    """X recomputes tokens Y cached meanwhile. When X's lock moves onto Y's nodes, X adopts
+    Y's pages (freeing its duplicates), so the lock pins only pages in X's own table, none
+    that admission had counted as evictable (the harness checks the rule after every step)."""
+    slow = SlowFor(4)
+    h = Harness(prefill=slow, chunk=40, rebuild=False)
+    adopted = []
+    adopt = h.pool.adopt
+    h.pool.adopt = lambda seq, full, swa: (adopted.append((dict(full), dict(swa))),
+                                           adopt(seq, full, swa))
+    T = _tokens(60, seed=1)
+    x = h.add(T[:56] + [7], max_tokens=3)
+    slow.slow.add(x.id)
+    h.step()
+    y = h.add(T, max_tokens=1)
+    h.run()
+    assert x.finish_reason == "length" and y.finish_reason == "length"
+    assert adopted and any(full for full, _ in adopted)
+    assert h.pool.full.allocator.num_in_use == 0
+
+
+def test_the_reservation_counts_the_window_a_lock_pins_outside_the_table():
+    """Decoding moves the request's own window on; the window before its lock's node stays
+    pinned. `need` counts those pages, so admission cannot promise them to another request."""
+    h = Harness(window=6, page=2, chunk=64)
+    seq = h.add(_tokens(30, seed=2), max_tokens=20)
+    h.run(until=lambda: len(seq.output_ids) >= 12)
+    _, outside = h.cache.pinned_outside(seq.kv)
+    assert outside > 0
+    from mimo.kvcache.layout import swa_steady_pages
+    steady = swa_steady_pages(h.pool.window, h.pool.page_size, seq.max_len)
+    assert h.sched.need(seq)[1] == steady + len(seq.kv.keep_swa) + outside
+    h.run()
+
+
+def test_a_failed_admission_keeps_the_rebuildable_prefix_it_matched():
+    """A request whose cached prefix needs a window rebuild waits once for room: handing
+    the match back must not trim the leaf it would rebuild from."""
+    h = Harness(window=6, page=2, full_pages=60, swa_pages=60, chunk=64)
+    T = _tokens(40, seed=3)
+    a = h.add(T, max_tokens=1)
+    h.run()
+    # SWA pressure: the cached windows go, the full KV stays (a rebuild reaches it).
+    h.cache.tree.evict(0, h.pool.swa.allocator.num_evictable)
+    want = h.cache.cached_len(T + [9, 9])
+    assert want > 0                          # reusable by a rebuild
+    blocker = h.add(_tokens(20, seed=4), max_tokens=60)   # reserves most of the full pool
+    h.step()
+    b = h.add(T + [9, 9], max_tokens=10)
+    h.step()                                 # no room for b yet: its match is handed back
+    assert b.kv is None and blocker.kv is not None
+    h.run()
+    assert b.cached_tokens == want           # 0 before: the leaf had been trimmed
+    del a
