@@ -81,7 +81,7 @@ class RadixTree(TreeCore, EvictMixin):
         self._heap_cap = 65536                  # compact a heap that grows past this
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0,
-                             cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0)
+                             cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
 
     def owns_full(self, page: int) -> bool:
         """Whether the tree holds this full page (a request must never free it)."""

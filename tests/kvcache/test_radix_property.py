@@ -201,6 +201,8 @@ class TreeMachine(RuleBasedStateMachine):
         if self.hybrid:     # every full page that lost its SWA was reported to unmap
             full_of = {v[1]: v[0] for v in before.values() if v[1] >= 0}
             assert sorted(self.unmapped) == sorted(full_of[s] for s in lost_s)
+        # The lazy heaps reach every evictable page without being rebuilt.
+        assert self.tree.counters["reheaps"] == 0, "evict lost track of evictable pages"
         if got_f < nf:
             assert self.fa.num_evictable == 0, "stopped evicting full KV with some unlocked"
         if got_s < ns_ and self.hybrid:
