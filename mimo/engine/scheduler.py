@@ -7,13 +7,26 @@ Admission (`SchedulerConfig.admission`) 'reserve' reserves each request's worst 
 'optimistic' reserves only the full pages of its prefill plus one, and before each step
 preempts the newest running request while decoding requests could not grow (`preempt`:
 its KV goes to the prefix cache, it rejoins the queue with its arrival time and resumes by
-prefilling prompt + output so far, mostly cache hits). SWA is always reserved as below.
+prefilling prompt + output so far, mostly cache hits); either pool running short for the
+decodes preempts. SWA is always reserved as below.
 With 'reserve': Full pool: pages for prompt + max_tokens. SWA
 pool: every running request's steady window (window + one page), plus one step's transient
 prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the excess is
 released at the end of its step). So decode tokens can always grow, at least one prefill
 chunk fits every step, nothing deadlocks and no request dies mid-generation; a request that
 does not fit waits until running ones finish and free their pages.
+
+The lock rule (what the prefix cache's lock pins against what is reserved), kept here in
+`need` and in `PrefixCache.sync` / `pinned_outside`: every full page a running request's
+lock pins is in the request's own table (sync adopts the tree's copy of tokens the request
+recomputed before moving the lock onto it), and so is counted by its full reservation; the
+SWA pages the lock pins are the window before the lock's node, and those of them no longer
+in the table (window release moved on) are added to its SWA reservation. So a page is
+reserved once, and a pinned page admission had counted as evictable is always reserved.
+Under 'reserve' an `OutOfPages` is therefore a bug (logged as one by the engine).
+
+A step that raises fails only the requests it touched (`touched`, `fail`): their pages are
+freed and none of their KV is cached; the next step goes on (LLMEngine.step).
 
 Speculative decoding (`num_draft` > 0): a decoding request's chunk is its last token plus up
 to `num_draft` draft tokens, all verified in the step. Drafts are cut so that every token a
