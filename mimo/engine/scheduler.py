@@ -333,22 +333,14 @@ class Scheduler:
     def fail(self, seq: Sequence) -> None:
         """End a request whose step failed: its pages are freed and none of its KV is
         offered to the cache (it may be half written)."""
-        if seq.status is Status.RUNNING:
-            self.running.remove(seq)
-            if self._cached(seq):
-                self.cache.finish(seq.kv, [], len(seq.prompt_ids))
-            else:
-                self.pool.free_seq(seq.kv)
-            seq.kv = None
-        elif seq.status is Status.WAITING and seq in self.waiting:
-            self.waiting.remove(seq)
-        seq.status = Status.FINISHED
+        self.finish(seq, offer=False)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, seq: Sequence, offer: bool = True) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
             if self._cached(seq):
-                self.cache.finish(seq.kv, seq.all_ids[:seq.num_computed], len(seq.prompt_ids))
+                tokens = seq.all_ids[:seq.num_computed] if offer else []
+                self.cache.finish(seq.kv, tokens, len(seq.prompt_ids))
             else:
                 self.pool.free_seq(seq.kv)
             seq.kv = None

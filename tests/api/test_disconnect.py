@@ -19,7 +19,7 @@ def _metric(server, name: str) -> float:
     return total
 
 
-def _wait_freed(server, since_steps: int, limit: float = 30.0) -> dict:
+def _wait_freed(server, limit: float = 30.0) -> dict:
     """Poll until no page is in use; returns the pools then (with the engine's step count)."""
     deadline = time.time() + limit
     while time.time() < deadline:
@@ -28,6 +28,20 @@ def _wait_freed(server, since_steps: int, limit: float = 30.0) -> dict:
             return p
         time.sleep(0.01)
     raise AssertionError(f"KV still in use {limit} s after the client left: {server.pools()}")
+
+
+def _assert_freed_and_counted(server, aborted0: float) -> None:
+    """Right after the client left: its KV is freed at the next step after the disconnect
+    is seen (allow one step in flight and one for the scrape racing it), not at the end of
+    its generation; and it is counted once as aborted by its client."""
+    left = server.pools()["steps"]
+    p = _wait_freed(server)
+    assert p["steps"] - left <= 3, (left, p["steps"])
+    server.assert_pools_idle()
+    deadline = time.time() + 5
+    while _metric(server, "mimo_requests_aborted_total") < aborted0 + 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _metric(server, "mimo_requests_aborted_total") == aborted0 + 1
 
 
 def _prompt(n: int, salt: int) -> list[int]:
@@ -45,16 +59,7 @@ def test_non_streaming_client_that_times_out_frees_its_kv(server):
         raise AssertionError("1500 tokens in 1.5 s: the test cannot observe an abort")
     except httpx.ReadTimeout:
         pass
-    left = server.pools()["steps"]
-    p = _wait_freed(server, left)
-    # Freed at the next step after the disconnect is seen (allow one in flight, one more for
-    # the scrape racing the step), not at the end of 1500 tokens.
-    assert p["steps"] - left <= 3, (left, p["steps"])
-    server.assert_pools_idle()
-    deadline = time.time() + 5
-    while _metric(server, "mimo_requests_aborted_total") < aborted0 + 1 and time.time() < deadline:
-        time.sleep(0.05)
-    assert _metric(server, "mimo_requests_aborted_total") == aborted0 + 1
+    _assert_freed_and_counted(server, aborted0)
     assert _metric(server, 'mimo_requests_total{endpoint="completions",status="200"}') == ok0
 
 
@@ -73,14 +78,7 @@ def test_stream_that_leaves_before_its_first_token_frees_its_kv(server):
     except httpx.ReadTimeout:
         pass
     assert time.time() - t0 < 5
-    left = server.pools()["steps"]
-    p = _wait_freed(server, left)
-    assert p["steps"] - left <= 3, (left, p["steps"])
-    server.assert_pools_idle()
-    deadline = time.time() + 5
-    while _metric(server, "mimo_requests_aborted_total") < aborted0 + 1 and time.time() < deadline:
-        time.sleep(0.05)
-    assert _metric(server, "mimo_requests_aborted_total") == aborted0 + 1
+    _assert_freed_and_counted(server, aborted0)
     # The server still serves.
     r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=60,
                    json={"model": "gemma-3-270m", "prompt": "Hello", "max_tokens": 2})
