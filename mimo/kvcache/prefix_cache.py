@@ -10,9 +10,12 @@ tables hold tree pages only below E, and tree SWA pages only inside that window 
 ones are dropped from the table by window release, which runs after each sync). So the
 tree can evict anything else at any time without pulling KV from under a running request.
 
-A request inserts its KV after every prefill chunk (`sync`): the tree takes the new pages
-it wants (never reviving tombstones: a revived page could sit beyond E), the request moves
-its lock to the new window-safe end. At the end (`finish`) the tree takes what it wants,
+A request inserts its KV after every prefill chunk (`sync`, up to where its window release
+stands): the tree takes the new pages it wants (never reviving tombstones: a revived page
+could sit beyond E), the request adopts the tree's copy of any tokens it recomputed, and
+moves its lock to the new window-safe end. So the lock's full pages are the request's
+table, and the scheduler reserves the lock's window pages the table no longer holds
+(`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the tree takes what it wants,
 reviving tombstones with pages the request recomputed, and the rest is freed.
 """ 
 from __future__ import annotations
