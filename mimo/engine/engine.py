@@ -195,7 +195,6 @@ class LLMEngine:
         for c in chunks:
             if c.seq.finish_reason is not None:
                 dec.finished(c.seq)
-        sched.touched = []
         return out
 
     def _fail_step(self, err: Exception) -> list[Sequence]:

@@ -133,8 +133,9 @@ class Scheduler:
         """`kv`: the request's pages so far (a locked prefix-cache match, if any)."""
         f, s = self.need(seq, kv)
         held = len(kv.full_pages)
-        outstanding_full = sum(max(0, self.need(r)[0] - len(r.kv.full_pages)) for r in self.running)
-        steady_swa = sum(self.need(r)[1] for r in self.running)
+        needs = [(self.need(r), len(r.kv.full_pages)) for r in self.running]
+        outstanding_full = sum(max(0, f_r - held_r) for (f_r, _), held_r in needs)
+        steady_swa = sum(s_r for (_, s_r), _ in needs)
         return (self._available()[0] - outstanding_full >= f - held
                 and steady_swa + s + self._transient <= self.pool.swa.allocator.capacity)
 
@@ -320,13 +321,15 @@ class Scheduler:
             seq.num_computed = c.start + (c.n if c.kept is None else c.kept)
             if c.kept is not None and c.kept < c.n:     # rejected drafts: roll their KV back
                 self.pool.truncate(seq.kv, seq.num_computed)
+            # SWA is kept from `kept_from` on (a lagging drafter still reads it); the cache
+            # takes KV only up to there (the lock rule above).
+            kept_from = max(0, seq.num_computed - self.swa_lag)
             # Share prompt KV as it is made (a concurrent request with the same prefix
             # reuses it); before window release, which may free pages the tree would keep.
             if (self._cached(seq) and seq.finish_reason is None
                     and c.start < seq.prefill_end):
-                self.cache.sync(seq.kv, seq.all_ids[:max(0, seq.num_computed - self.swa_lag)],
-                                len(seq.prompt_ids))
-            self.pool.release_window(seq.kv, max(0, seq.num_computed - self.swa_lag))
+                self.cache.sync(seq.kv, seq.all_ids[:kept_from], len(seq.prompt_ids))
+            self.pool.release_window(seq.kv, kept_from)
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 

@@ -15,8 +15,9 @@ stands): the tree takes the new pages it wants (never reviving tombstones: a rev
 could sit beyond E), the request adopts the tree's copy of any tokens it recomputed, and
 moves its lock to the new window-safe end. So the lock's full pages are the request's
 table, and the scheduler reserves the lock's window pages the table no longer holds
-(`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the tree takes what it wants,
-reviving tombstones with pages the request recomputed, and the rest is freed.
+(`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the
+tree takes what it wants, reviving tombstones with pages the request recomputed, and the
+rest is freed.
 """ 
 from __future__ import annotations
 
