@@ -62,7 +62,6 @@ def check_lock_rule(sched, cache) -> None:
     """The rule written in scheduler.py: every full page a running request's lock pins is
     in its own table; its SWA lock pins the window before the node's end, and the pages of
     it the table no longer holds are the ones `pinned_outside` reports (and `need` adds)."""
-    P = cache.P
     for seq in sched.running:
         kv, node = seq.kv, seq.kv.node
         if node is None:
@@ -77,4 +76,3 @@ def check_lock_rule(sched, cache) -> None:
             outside = sum(g >= len(kv.swa_pages) or kv.swa_pages[g] != p
                           for g, p in cache.tree.window_of(node))
             assert cache.pinned_outside(kv) == (0, outside)
-    del P

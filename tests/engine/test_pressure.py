@@ -81,7 +81,7 @@ def test_a_failed_admission_keeps_the_rebuildable_prefix_it_matched():
     the match back must not trim the leaf it would rebuild from."""
     h = Harness(window=6, page=2, full_pages=60, swa_pages=60, chunk=64)
     T = _tokens(40, seed=3)
-    a = h.add(T, max_tokens=1)
+    h.add(T, max_tokens=1)
     h.run()
     # SWA pressure: the cached windows go, the full KV stays (a rebuild reaches it).
     h.cache.tree.evict(0, h.pool.swa.allocator.num_evictable)
@@ -94,4 +94,3 @@ def test_a_failed_admission_keeps_the_rebuildable_prefix_it_matched():
     assert b.kv is None and blocker.kv is not None
     h.run()
     assert b.cached_tokens == want           # 0 before: the leaf had been trimmed
-    del a
