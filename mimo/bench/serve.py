@@ -21,17 +21,13 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
+
+from .server_process import ServerProcess
 
 NAME = "serve"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -82,55 +78,6 @@ def build_requests(rows, block_tokens: int, output_scale: float, max_out: int,
         out.append({"at": (r["timestamp"] - t0) / 1000 * time_scale, "prompt": ids[:n],
                     "max_tokens": max(1, min(max_out, round(r["output_length"] * output_scale)))})
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
-    def __init__(self, args, policy: str):
-        import httpx
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile("w+")
-        cmd = [sys.executable, str(ROOT / "server.py"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--model", args.model, "--policy", policy,
-               "--aging-per-second", str(args.aging_per_second),
-               "--kv-cache-memory", args.kv_cache_memory, "--threads", str(args.threads),
-               "--log-level", "warning", *args.server_args.split()]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.time() + 300
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"server exited:\n{self.log.read()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        self.stop()
-        raise RuntimeError("server did not start in 300 s")
-
-    def metric(self, name: str) -> float:
-        import httpx
-        for line in httpx.get(self.url + "/metrics", timeout=10).text.splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        return float("nan")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
 
 
 async def _one(client, url: str, model: str, req: dict, t_start: float, rec: dict) -> None:
@@ -233,7 +180,11 @@ def measure(args) -> dict:
     results, raw = {}, {}
     for pol in policies:
         _log(f"starting a server with --policy {pol}")
-        srv = _Server(args, pol)
+        srv = ServerProcess(["--model", args.model, "--policy", pol,
+                             "--aging-per-second", str(args.aging_per_second),
+                             "--kv-cache-memory", args.kv_cache_memory,
+                             "--threads", str(args.threads), "--log-level", "warning",
+                             *args.server_args.split()])
         try:
             recs, wall = asyncio.run(_replay(srv.url, reqs, pol))
             res = summarize(recs, wall)

@@ -38,16 +38,13 @@ import random
 import re
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+from .server_process import ServerProcess
 
 NAME = "soak"
-ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = ("completed", "error", "disconnected", "timed_out", "stuck", "failed")
 FINISH_REASONS = ("stop", "length")
 # Short common words: mostly one token each with their leading space.
@@ -259,21 +256,6 @@ class StallTracker:
 
 
 # ---- the server -------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM it when this process dies (even by SIGKILL)."""
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except Exception:   # noqa: BLE001 - not Linux: stop() still ends it
-        pass
-
-
 def count_fds(pid: int) -> int | None:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -286,57 +268,6 @@ def count_threads(pid: int) -> int | None:
         return len(os.listdir(f"/proc/{pid}/task"))
     except OSError:
         return None
-
-
-class Server:
-    def __init__(self, args, deadline: float):
-        import httpx
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.TemporaryFile("w+")
-        cmd = [sys.executable, str(ROOT / "server.py"), "--host", "127.0.0.1",
-               "--port", str(self.port), "--model", args.model, "--threads", str(args.threads),
-               "--log-level", "warning", *shlex.split(args.server_args)]
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
-        self.pid = self.proc.pid
-        try:
-            until = min(deadline, time.time() + 600)
-            while time.time() < until:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log_tail()}")
-                try:
-                    if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.3)
-            raise RuntimeError("server did not answer /health in time")
-        except BaseException:
-            self.stop()
-            self.log.close()
-            raise
-
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            self.log.seek(0)
-            return self.log.read()[-n:]
-        except (ValueError, OSError):
-            return ""
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
 
 
 # ---- driving it -------------------------------------------------------------------------
@@ -602,7 +533,9 @@ def measure(args) -> dict:
          f"{sum(r['long'] for r in reqs)} long, {sum(r['text'] for r in reqs)} text; "
          f"server args: {args.server_args or '(defaults)'}")
     out: dict = {"bench": NAME, "server_args": args.server_args, "num_requests": len(reqs)}
-    srv = Server(args, deadline)
+    srv = ServerProcess(["--model", args.model, "--threads", str(args.threads),
+                         "--log-level", "warning", *shlex.split(args.server_args)],
+                        start_timeout=max(1.0, min(deadline - time.time(), 600)))
     try:
         _log(f"server pid {srv.pid} on {srv.url} answered /health after {time.time() - t_start:.1f}s")
         _warm_up(srv.url, 0)
@@ -700,7 +633,6 @@ def measure(args) -> dict:
                 _log("server log tail:\n" + tail)
     finally:
         srv.stop()
-        srv.log.close()
     out["wall_s"] = round(time.time() - t_start, 2)
     return out
 
