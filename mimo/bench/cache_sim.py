@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import DEFAULT_TRACE
 from ..config import ConfigError, parse_size
 from ..kvcache.cache_sim import (BLOCK, CacheSim, estimate_swa_share, ideal_hit_rates,
                                  load_trace, size_swa_share)
@@ -39,7 +40,9 @@ BASELINES = ("full-kv", "off")
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="prefix-cache hit rate of a trace: hybrid vs full-kv",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", required=True, help="Mooncake-format JSONL trace")
+    p.add_argument("--trace", default=str(DEFAULT_TRACE),
+                   help="Mooncake-format JSONL trace (default: the repository's conversation trace, "
+                        "data/traces/conversation_trace.jsonl)")
     p.add_argument("--shape", default="mimo-v2-flash", choices=sorted(KNOWN_SHAPES))
     p.add_argument("--kv-budget", default="200GiB",
                    help="KV byte budget, or a comma-separated list to sweep (200GiB,2TiB)")

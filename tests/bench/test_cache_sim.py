@@ -15,7 +15,7 @@ from mimo.kvcache.cache_sim import (CacheSim, estimate_swa_share, ideal_hit_rate
 from mimo.kvcache.layout import shape_layout
 from mimo.kvcache.retention import POLICIES
 
-TRACES = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 CONVERSATION = TRACES / "conversation_trace.jsonl"
 GiB = 2**30
 
@@ -23,8 +23,7 @@ GiB = 2**30
 @pytest.fixture(scope="module")
 def conversation():
     if not CONVERSATION.is_file():
-        pytest.fail(f"the Mooncake conversation trace is missing: expected it at {CONVERSATION} "
-                    "(../shared/data/traces/ beside the repository)")
+        pytest.fail(f"the Mooncake conversation trace is missing: expected it at {CONVERSATION}")
     return CONVERSATION
 
 

@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MEDIA_DIR = (REPO / ".." / "shared" / "data" / "media").resolve()
+MEDIA_DIR = REPO / "data" / "media"
 
 
 def media_path(name: str) -> Path:
-    """A file of the shared media set; fails (not skips) with a clear message when absent,
+    """A file of the repository's media set (data/media); fails (not skips) with a clear message when absent,
     so a missing data directory is noticed."""
     p = MEDIA_DIR / name
     if not p.is_file():
-        pytest.fail(f"test media {name!r} not found: expected the shared media set at "
-                    f"{MEDIA_DIR} (../shared/data/media relative to the repo root)")
+        pytest.fail(f"test media {name!r} not found in {MEDIA_DIR}")
     return p
 
 
