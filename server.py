@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     from mimo.engine.async_engine import AsyncEngine
     from mimo.engine.engine import LLMEngine
     from mimo.llm import engine_config
-    from mimo.media.config import MediaConfig
+    from mimo.multimodal.config import MediaConfig
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
     try:
         scfg = ServerConfig(host=args.host, port=args.port, api_key=args.api_key,

@@ -30,18 +30,18 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif"}
 async def embed_folder(folder: pathlib.Path, model_dir: str) -> tuple[list, list, int]:
     import torch
 
-    from mimo.api.chat_pipeline import processor_settings
-    from mimo.media.config import MediaConfig
-    from mimo.media.embed_cache import EmbedCache
-    from mimo.media.item import MediaItem
     from mimo.models import registry
+    from mimo.multimodal.adapter import adapter_for
+    from mimo.multimodal.config import MediaConfig
+    from mimo.multimodal.embed_cache import EmbedCache
+    from mimo.multimodal.item import MediaItem
     from mimo.pipeline import Pipeline, Request
     from mimo.stages import DecodeMedia, Fetch, Preprocess
     from mimo.stages.encode import EncodeStage
 
     loaded = registry.load(model_dir, progress=False)
-    vision = loaded.config.vision
-    if vision is None:
+    adapter = adapter_for(loaded.config)     # the vision family's settings and tower
+    if adapter is None:
         raise SystemExit(f"{model_dir} has no vision tower")
     model = registry.build_model(loaded.config, loaded.weights, torch.float32).eval()
     media = MediaConfig(allowed_media_dirs=(str(folder.resolve()),))
@@ -50,9 +50,10 @@ async def embed_folder(folder: pathlib.Path, model_dir: str) -> tuple[list, list
         """Mean-pool each item's merged patch embeddings into one vector."""
         return [e.mean(dim=0) for e in req.data["encode"]]
 
-    encode = EncodeStage(model.encode, patch_dim=vision.patch_dim,
-                         merge=vision.spatial_merge_size, cache=EmbedCache(256 << 20))
-    pipe = Pipeline([Fetch(media), DecodeMedia(media), Preprocess(processor_settings(vision)),
+    encode = EncodeStage(adapter.encoder(model), patch_dim=adapter.patch_dim,
+                         merge=adapter.merge, cache=EmbedCache(256 << 20))
+    settings = adapter.processor_settings(media)
+    pipe = Pipeline([Fetch(media), DecodeMedia(media), Preprocess(settings),
                      encode, pool], name="image-embeddings")
     paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not paths:

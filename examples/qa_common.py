@@ -38,7 +38,7 @@ async def ask_local(model: str, kind: str, path: str, question: str, max_tokens:
     from mimo.engine.async_engine import AsyncEngine
     from mimo.engine.engine import LLMEngine
     from mimo.llm import engine_config
-    from mimo.media.config import MediaConfig
+    from mimo.multimodal.config import MediaConfig
     from mimo.pipeline import Request
     local = pathlib.Path(path).expanduser()
     media = MediaConfig(allowed_media_dirs=(str(local.resolve().parent),) if local.exists() else ())

@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
-from ..media.config import MediaConfig
+from ..multimodal.config import MediaConfig
 from ..pipeline import Request
 from . import schemas
 from .chat_pipeline import build_chat_pipeline

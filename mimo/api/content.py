@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..media.item import MediaItem
+from ..multimodal.item import MediaItem
 from .errors import bad_request
 
 MEDIA_PARTS = {"image_url": "image", "video_url": "video"}

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 
 from ..config import ConfigError
 from ..engine.engine import EngineStopped, RequestError
-from ..media.errors import MediaError
+from ..multimodal.errors import MediaError
 from ..models.chat_template import ChatTemplateError
 from ..pipeline.errors import (InvalidRequest, Overloaded, PipelineClosed, PipelineError,
                                RequestCancelled, StageError)

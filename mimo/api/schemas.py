@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
-from ..media.item import MediaItem
+from ..multimodal.item import MediaItem
 from .content import parse_content
 from .errors import APIError, bad_request
 

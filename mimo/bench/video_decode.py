@@ -1,7 +1,7 @@
 """video-decode: sampled-frame video decoding time per number of parallel chunk readers.
 
 Decodes one H.264 video (default: 60 s of 1280x720 at 30 fps, generated once with PyAV
-and cached) with mimo.media.video's chunked readers, for each worker count in --workers,
+and cached) with mimo.multimodal.video's chunked readers, for each worker count in --workers,
 rounds interleaved so a noisy machine disturbs all counts alike. Frames are sampled the
 Qwen2.5-VL way (--sample-fps, --max-frames). Reports the median time per count and the
 speedup over the first count, the cores the process kept busy, and, measured in the same
@@ -113,7 +113,7 @@ def _control(workers: int, total_mib: int = 256) -> float:
 
 
 def run(args) -> int:
-    from ..media.video import VideoDecoder, probe
+    from ..multimodal.video import VideoDecoder, probe
     counts = [int(x) for x in args.workers.split(",") if x.strip()]
     if not counts or min(counts) < 1:
         raise SystemExit("--workers needs positive integers, e.g. 1,2")

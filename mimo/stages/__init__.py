@@ -4,10 +4,10 @@ from .detokenize import Detokenize, IncrementalDetokenizer
 from .encode import EncodeStage
 from .fetch import Fetch
 from .generate import Generate
-from .mm_prompt import MMPromptStage
-from .preprocess import PreprocessedMedia, Preprocess
+from .media_prompt import MediaPrompt
+from .preprocess import Preprocess, PreprocessedMedia
 from .tokenize import Tokenize
 
 __all__ = ["Fetch", "DecodeMedia", "Preprocess", "PreprocessedMedia", "Tokenize", "EncodeStage",
-           "MMPromptStage", "Generate",
+           "MediaPrompt", "Generate",
            "Detokenize", "IncrementalDetokenizer"]

@@ -3,9 +3,9 @@ parallel chunk readers. Returns, in item order, an ndarray [H, W, 3] per image a
 DecodedVideo per video."""
 from __future__ import annotations
 
-from ..media.config import MediaConfig
-from ..media.image import ImageDecoder
-from ..media.video import VideoDecoder
+from ..multimodal.config import MediaConfig
+from ..multimodal.image import ImageDecoder
+from ..multimodal.video import VideoDecoder
 from ..pipeline import Stage
 from .media_items import gather_items, request_items
 

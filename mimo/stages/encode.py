@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..media.embed_cache import EmbedCache
+from ..multimodal.embed_cache import EmbedCache
 from ..pipeline import BatchStage, InvalidRequest
 
 
@@ -55,7 +55,7 @@ def _keys(req, source: str) -> list[str | None]:
 
 class EncodeStage(BatchStage):
     """`encoder(pixel_values, grid_thw) -> embeddings` runs many items at once, returning their
-    embeddings concatenated in item order (e.g. `Qwen2_5_VLForConditionalGeneration.encode`);
+    embeddings concatenated in item order (the vision adapter's `encoder(model)`);
     each item yields t*h*w / merge**2 rows. `max_batch_cost` is the patch budget of one
     forward (a request larger than it runs alone)."""
     name = "encode"

@@ -10,9 +10,9 @@ import asyncio
 
 import httpx
 
-from ..media.address import Resolver, system_resolver
-from ..media.config import MediaConfig
-from ..media.fetch import fetch
+from ..multimodal.address import Resolver, system_resolver
+from ..multimodal.config import MediaConfig
+from ..multimodal.fetch import fetch
 from ..pipeline import Stage
 from .media_items import gather_items, request_items
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Sequence
 
-from ..media.errors import MediaError
-from ..media.item import MediaItem
+from ..multimodal.errors import MediaError
+from ..multimodal.item import MediaItem
 from ..pipeline import InvalidRequest
 
 

@@ -1,29 +1,23 @@
 """preprocess: decoded media -> model inputs (pixel_values, grid_thw) plus each item's
 embedding-cache key. Model-agnostic: the processor settings come in as a frozen
-ProcessorSettings. Tensor work runs in a thread (torch releases the GIL in its kernels);
-all images of a request go through one call, so equal-sized ones are resized as a batch.
+ProcessorSettings (from the model's vision adapter). The tensors are made on `device`, the
+serving device (`--device`), so on a GPU the resize and normalize run there and the encoder
+reads them in place; on CPU nothing moves. Tensor work runs in a thread (torch releases the
+GIL in its kernels); all images of a request go through one call, so equal-sized ones are
+resized as a batch.
 """
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 
 import torch
 
-from ..media.embed_cache import media_key
-from ..media.errors import MediaError
-from ..media.preprocess import (Patches, ProcessorSettings, preprocess_images,
-                                preprocess_video)
+from ..multimodal.embed_cache import media_key
+from ..multimodal.errors import MediaError
+from ..multimodal.preprocess import Patches, ProcessorSettings, preprocess_images, preprocess_video
+from ..multimodal.preprocessed import PreprocessedMedia
 from ..pipeline import InvalidRequest, Stage
 from .media_items import request_items
-
-
-@dataclass(frozen=True)
-class PreprocessedMedia:
-    kind: str
-    key: str                          # EmbedCache key: content hash + settings + variant
-    patches: Patches
-    second_per_grid: float | None     # videos: seconds per temporal patch (mRoPE input)
 
 
 class Preprocess(Stage):

@@ -1,9 +1,9 @@
 """tokenize: chat messages (through the model's chat template) or a text prompt -> token ids.
 
-Media parts ({"type": "image"|"video"}) become the model's placeholder text (for Qwen2.5-VL
-`<|vision_start|><|image_pad|><|vision_end|>`, what its template writes for such a part)
-before the template runs: the template layer takes string contents only. Each placeholder
-is one pad token here; the mm_prompt stage expands it once the item's grid is known."""
+Media parts ({"type": "image"|"video"}) become the model's placeholder text (what the vision
+adapter says its template writes for such a part) before the template runs: the template
+layer takes string contents only. Each placeholder is one pad token here; the mm_prompt
+stage expands it once the item's grid is known."""
 from __future__ import annotations
 
 import asyncio

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from media.media_testing import loopback_server, media_path, send
+from multimodal.media_testing import loopback_server, media_path, send
 
 ASK = {"type": "text", "text": "What is in this picture?"}
 GREEDY = dict(temperature=0, max_tokens=8)
@@ -41,8 +41,8 @@ def chat(client, model, parts, **kw):
 
 def tokens_for(name: str, n_images: int = 1) -> int:
     """Image tokens the model sees for a file: t*h*w/4 of its preprocessed grid."""
-    from mimo.media.image import decode_image
-    from mimo.media.preprocess import ProcessorSettings, preprocess_images
+    from mimo.multimodal.image import decode_image
+    from mimo.multimodal.preprocess import ProcessorSettings, preprocess_images
     (p,) = preprocess_images([decode_image(media_path(name).read_bytes(), 1 << 30)],
                              ProcessorSettings())
     return p.num_tokens * n_images
@@ -114,10 +114,10 @@ def test_greedy_output_equals_the_engine_in_process(vlm_client, vlm_dir, model):
     """The server's answer against a prompt built by hand: template text with the
     placeholder expanded to the grid's token count, the encoder run directly, MMPrompt."""
     from mimo import LLM, SamplingParams
-    from mimo.engine.mm_prompt import MMPrompt
-    from mimo.media.image import decode_image
-    from mimo.media.preprocess import ProcessorSettings, preprocess_images
     from mimo.models.chat_template import chat_prompt_ids
+    from mimo.multimodal.adapters.qwen2_5_vl import build_mm_prompt
+    from mimo.multimodal.image import decode_image
+    from mimo.multimodal.preprocess import ProcessorSettings, preprocess_images
     path = media_path("astronaut.png")
     r = chat(vlm_client, model, [image(str(path)), ASK], max_tokens=12,
              extra_body={"ignore_eos": True})
@@ -129,9 +129,9 @@ def test_greedy_output_equals_the_engine_in_process(vlm_client, vlm_dir, model):
                           arch="qwen2_5_vl")
     at = ids.index(vc.image_token_id)
     ids = ids[:at] + [vc.image_token_id] * p.num_tokens + ids[at + 1:]
-    mmp = MMPrompt.build(ids, vc, image_embeds=[llm.engine.model.encode(p.pixel_values,
-                                                                          [p.grid_thw])],
-                         image_grid_thw=[p.grid_thw])
+    mmp = build_mm_prompt(ids, vc, image_embeds=[llm.engine.model.encode(p.pixel_values,
+                                                                           [p.grid_thw])],
+                          image_grid_thw=[p.grid_thw])
     seq = llm.engine.add_request(ids, SamplingParams(temperature=0, max_tokens=12,
                                                      ignore_eos=True), mm=mmp)
     while llm.engine.has_work():

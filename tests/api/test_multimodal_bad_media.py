@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import MAX_MEDIA_BYTES
-from media.media_testing import loopback_server, media_path, send
+from multimodal.media_testing import loopback_server, media_path, send
 
 
 def png_header_only(width: int, height: int) -> bytes:

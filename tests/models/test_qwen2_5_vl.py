@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from mimo import LLM, SamplingParams
-from mimo.engine.mm_prompt import MMPrompt
 from mimo.models.hf_config import model_config_from_hf
 from mimo.models.hf_loader import _canonical
-from mimo.models.mrope import get_rope_index
 from mimo.models.qwen2_5_vl_vision import split_embeds
 from mimo.models.registry import LoadedModel
+from mimo.multimodal.adapters.qwen2_5_vl import build_mm_prompt, get_rope_index
 
 IMG, VID, VSTART, VEND = 300, 301, 302, 303
 PATCH_DIM = 3 * 2 * 14 * 14
@@ -146,10 +145,10 @@ def _case(pair, video):
     else:
         kw = dict(pixel_values=px, image_grid_thw=g)
     emb = llm.engine.model.encode(px, g)
-    mmp = MMPrompt.build(ids, llm.engine.model_config.vision,
-                         **({"video_embeds": [emb], "video_grid_thw": [grid],
-                             "second_per_grid_ts": [1.0]} if video else
-                            {"image_embeds": [emb], "image_grid_thw": [grid]}))
+    mmp = build_mm_prompt(ids, llm.engine.model_config.vision,
+                          **({"video_embeds": [emb], "video_grid_thw": [grid],
+                               "second_per_grid_ts": [1.0]} if video else
+                              {"image_embeds": [emb], "image_grid_thw": [grid]}))
     return ref, llm, ids, t, types, kw, mmp
 
 
@@ -212,9 +211,9 @@ def test_image_and_video_in_one_prompt(pair):
     model = llm.engine.model
     # One encoder forward for both items, split back per item.
     ei, ev = split_embeds(model.encode(torch.cat([pi, pv]), [gi, gv]), [gi, gv])
-    mmp = MMPrompt.build(ids, llm.engine.model_config.vision, image_embeds=[ei],
-                         image_grid_thw=[gi], video_embeds=[ev], video_grid_thw=[gv],
-                         second_per_grid_ts=[1.0])
+    mmp = build_mm_prompt(ids, llm.engine.model_config.vision, image_embeds=[ei],
+                          image_grid_thw=[gi], video_embeds=[ev], video_grid_thw=[gv],
+                          second_per_grid_ts=[1.0])
     torch.testing.assert_close(llm.engine.prompt_logits(ids, chunk=11, mm=mmp), want,
                                atol=1e-4, rtol=0)
 
@@ -229,4 +228,5 @@ def test_mismatched_media_is_an_error(pair):
     with pytest.raises(ValueError, match="grids given"):
         get_rope_index(ids, vision, image_grid_thw=[[1, 4, 4], [1, 4, 4]])
     with pytest.raises(ValueError, match="embeddings"):
-        MMPrompt.build(ids, vision, image_embeds=[torch.zeros(3, 64)], image_grid_thw=[[1, 4, 4]])
+        build_mm_prompt(ids, vision, image_embeds=[torch.zeros(3, 64)],
+                        image_grid_thw=[[1, 4, 4]])

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from mimo import LLM
-from mimo.engine.mm_prompt import MMPrompt
 from mimo.models import registry
 from mimo.models.chat_template import chat_prompt_ids
 from mimo.models.tiny import qwen2_5_vl as tiny
+from mimo.multimodal.adapters.qwen2_5_vl import build_mm_prompt
+from mimo.multimodal.mm_prompt import MMPrompt
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,8 @@ def test_image_prompt_logits_match_transformers(tiny_dir):
     llm = LLM(str(tiny_dir), dtype="float32", kv_cache_memory="2MiB", page_size=8,
               progress=False)
     model = llm.engine.model
-    mmp = MMPrompt.build(ids, llm.engine.model_config.vision,
-                         image_embeds=[model.encode(px, [grid])], image_grid_thw=[grid])
+    mmp = build_mm_prompt(ids, llm.engine.model_config.vision,
+                          image_embeds=[model.encode(px, [grid])], image_grid_thw=[grid])
     torch.testing.assert_close(llm.engine.prompt_logits(ids, mm=mmp), want, atol=1e-4, rtol=0)
     llm.engine.check_integrity()
 
@@ -122,8 +123,8 @@ def test_bfloat16_serving_path_runs_a_video_prompt(tiny_dir):
         ids = llm.tokenizer.encode("<|im_start|>user\n<|vision_start|>" + "<|video_pad|>" * 48
                                    + "<|vision_end|>What happens?<|im_end|>\n<|im_start|>assistant\n")
         px = torch.randn(2 * 8 * 12, vc.patch_dim, generator=torch.Generator().manual_seed(0))
-        mmp = MMPrompt.build(ids, vc, video_embeds=[llm.engine.model.encode(px, [grid])],
-                             video_grid_thw=[grid], second_per_grid_ts=[1.0])
+        mmp = build_mm_prompt(ids, vc, video_embeds=[llm.engine.model.encode(px, [grid])],
+                              video_grid_thw=[grid], second_per_grid_ts=[1.0])
         out[dt] = llm.engine.prompt_logits(ids, chunk=13, mm=mmp)
         llm.engine.check_integrity()
     torch.testing.assert_close(out["bfloat16"], out["float32"], atol=0.1, rtol=0)
@@ -157,8 +158,8 @@ def test_prefix_cache_reuses_kv_only_for_the_same_media(tiny_dir):
               for s, k in enumerate("ab")}
 
     def run(key, cache_key):
-        mmp = MMPrompt.build(ids, vc, image_embeds=[model.encode(pixels[key], [grid])],
-                             image_grid_thw=[grid])
+        mmp = build_mm_prompt(ids, vc, image_embeds=[model.encode(pixels[key], [grid])],
+                              image_grid_thw=[grid])
         mmp.cache_key = cache_key
         seq = llm.engine.add_request(ids, SamplingParams(temperature=0, max_tokens=6,
                                                          ignore_eos=True), mm=mmp)

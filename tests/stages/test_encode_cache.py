@@ -5,8 +5,8 @@ import asyncio
 
 import torch
 
-from mimo.media.embed_cache import EmbedCache
-from mimo.media.preprocess import Patches
+from mimo.multimodal.embed_cache import EmbedCache
+from mimo.multimodal.preprocess import Patches
 from mimo.pipeline import Request
 from mimo.stages.encode import EncodeStage
 from mimo.stages.preprocess import PreprocessedMedia

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from mimo.media.config import MediaConfig
-from mimo.media.image import decode_image
-from mimo.media.item import MediaItem
-from mimo.media.preprocess import ProcessorSettings, preprocess_images, preprocess_video
-from mimo.media.video import VideoDecoder
+from mimo.multimodal.config import MediaConfig
+from mimo.multimodal.image import decode_image
+from mimo.multimodal.item import MediaItem
+from mimo.multimodal.preprocess import ProcessorSettings, preprocess_images, preprocess_video
+from mimo.multimodal.video import VideoDecoder
 from mimo.pipeline import InvalidRequest, Pipeline, Request
 from mimo.stages.decode_media import DecodeMedia
 from mimo.stages.fetch import Fetch
 from mimo.stages.preprocess import Preprocess
-from media.media_testing import MEDIA_DIR, loopback_server, media_path, send
+from multimodal.media_testing import MEDIA_DIR, loopback_server, media_path, send
 
 
 def make_pipeline(cfg: MediaConfig, settings=ProcessorSettings()):

@@ -9,8 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from mimo.media.image import decode_image
-from mimo.media.preprocess import (OPENAI_CLIP_STD, ProcessorSettings, patchify,
+from mimo.multimodal.image import decode_image
+from mimo.multimodal.preprocess import (OPENAI_CLIP_STD, ProcessorSettings, patchify,
                                    preprocess_images, preprocess_video, smart_resize,
                                    video_size)
 from media_testing import media_path
@@ -93,7 +93,7 @@ def test_smart_resize_matches_transformers_on_a_sweep():
 
 
 def test_extreme_aspect_ratio_refused():
-    from mimo.media.errors import MediaError
+    from mimo.multimodal.errors import MediaError
     with pytest.raises(MediaError, match="aspect ratio"):
         smart_resize(10, 2500)
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mimo.media.errors import MediaDecodeError, MediaTooLarge
-from mimo.media.image import ImageDecoder, decode_image
+from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge
+from mimo.multimodal.image import ImageDecoder, decode_image
 from media_testing import media_path
 
 LIMIT = 64 * 2**20

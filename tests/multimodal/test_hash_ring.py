@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mimo.media.hash_ring import ConsistentHashRing, ring_hash
+from mimo.multimodal.hash_ring import ConsistentHashRing, ring_hash
 
 KEYS = [f"sha256-{i:05d}" for i in range(5000)]
 

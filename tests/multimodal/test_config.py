@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from mimo.config import ConfigError
-from mimo.media.config import MediaConfig
+from mimo.multimodal.config import MediaConfig
 
 
 def test_from_dict_and_validation():

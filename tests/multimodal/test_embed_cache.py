@@ -5,8 +5,8 @@ import random
 
 import torch
 
-from mimo.media.embed_cache import EmbedCache, media_key
-from mimo.media.preprocess import ProcessorSettings
+from mimo.multimodal.embed_cache import EmbedCache, media_key
+from mimo.multimodal.preprocess import ProcessorSettings
 
 
 def test_key_depends_on_bytes_and_settings():

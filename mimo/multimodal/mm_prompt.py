@@ -1,21 +1,19 @@
-"""The multimodal part of a prompt, as the runner needs it: 3-D M-RoPE positions for every
-prompt token, the offset decoding continues with, and the vision embeddings that replace the
-placeholder tokens' embeddings. Built once per request (after the encoder ran); the runner
-slices it per scheduled chunk, so chunked prefill may cut through an image anywhere."""
+"""The multimodal part of a prompt, as the runner needs it: rope positions for every prompt
+token (one row per position axis), the offset decoding continues with, and the vision
+embeddings that replace the placeholder tokens' embeddings. Built once per request (after
+the encoder ran); the runner slices it per scheduled chunk, so chunked prefill may cut
+through an image anywhere. Family-neutral: the vision adapter computes the positions."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
-
-from ..config import VisionConfig
-from ..models.mrope import get_rope_index
 
 
 @dataclass(eq=False)
 class MMPrompt:
-    positions: torch.Tensor     # [3, prompt_len] int64
+    positions: torch.Tensor     # [axes, prompt_len] int64
     delta: int                  # token i >= prompt_len sits at position i + delta
     rows: torch.Tensor          # [M] int64 ascending: prompt indices of media tokens
     embeds: torch.Tensor        # [M, hidden]: their embeddings, in the same order
@@ -25,18 +23,14 @@ class MMPrompt:
     cache_key: str | None = None
 
     @classmethod
-    def build(cls, prompt_ids: Sequence[int], vision: VisionConfig,
-              image_embeds: Sequence[torch.Tensor] = (), image_grid_thw=None,
-              video_embeds: Sequence[torch.Tensor] = (), video_grid_thw=None,
-              second_per_grid_ts: Sequence[float] | None = None) -> "MMPrompt":
-        """Images and videos each in prompt order, with one embedding row per placeholder
-        token (the encoder's per-item output)."""
-        positions, delta = get_rope_index(prompt_ids, vision, image_grid_thw, video_grid_thw,
-                                          second_per_grid_ts)
+    def assemble(cls, prompt_ids: Sequence[int], positions: torch.Tensor, delta: int,
+                 embeds: Mapping[int, Sequence[torch.Tensor]]) -> MMPrompt:
+        """`embeds`: per placeholder token id, the embeddings of the items it stands for,
+        in prompt order, each with one row per placeholder token of its item. ValueError
+        when rows and placeholders do not pair up."""
         ids = torch.as_tensor(list(prompt_ids), dtype=torch.int64)
         rows, embs = [], []
-        for tok, items in ((vision.image_token_id, image_embeds),
-                           (vision.video_token_id, video_embeds)):
+        for tok, items in embeds.items():
             at = torch.nonzero(ids == tok).squeeze(1)
             got = sum(int(e.shape[0]) for e in items)
             if got != at.numel():
@@ -51,15 +45,15 @@ class MMPrompt:
         return cls(positions, delta, rows_t[order], emb_t[order])
 
     def chunk(self, start: int, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Tokens [start, start + n): positions [3, n], the media rows among them (relative
-        to start) and their embeddings."""
-        plen = self.positions.shape[1]
+        """Tokens [start, start + n): positions [axes, n], the media rows among them
+        (relative to start) and their embeddings."""
+        axes, plen = self.positions.shape
         parts = []
         if start < plen:
             parts.append(self.positions[:, start:min(start + n, plen)])
         if start + n > plen:
             lo = max(start, plen)
-            parts.append((torch.arange(lo, start + n) + self.delta).expand(3, -1))
+            parts.append((torch.arange(lo, start + n) + self.delta).expand(axes, -1))
         pos = torch.cat(parts, dim=1)
         lo = int(torch.searchsorted(self.rows, start))
         hi = int(torch.searchsorted(self.rows, start + n))

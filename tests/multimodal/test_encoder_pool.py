@@ -6,7 +6,7 @@ import torch
 
 from mimo import LLM
 from mimo.models.tiny import qwen2_5_vl as tiny
-from mimo.stages.encoder_pool import EncoderPool
+from mimo.multimodal.encoder_pool import EncoderPool
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mimo.media.errors import MediaDecodeError
-from mimo.media.sampling import frame_indices, frame_max_pixels, smart_nframes
+from mimo.multimodal.errors import MediaDecodeError
+from mimo.multimodal.sampling import frame_indices, frame_max_pixels, smart_nframes
 
 
 @pytest.mark.parametrize("total, fps, kw, want", [

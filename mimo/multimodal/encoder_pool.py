@@ -3,9 +3,9 @@ item goes to the worker the consistent-hash ring picks for its cache key, so a r
 item lands where its embeddings are cached (N caches hold N times the distinct media one
 would), and a worker joining or leaving moves only about 1/N of the keys.
 
-Each worker loads the checkpoint, keeps only the vision tower and serves requests on its
-own pipe: (keys, patches) in, (embeddings, hits, misses, ran_forward) out. Tensors cross as
-numpy arrays (plain pickled bytes), so no shared-memory file descriptors are passed around.
+Each worker loads the checkpoint, keeps only the vision tower (its family's adapter builds
+it) and serves requests on its own pipe: (keys, patches) in, (embeddings, hits, misses,
+ran_forward) out. Tensors cross as numpy arrays (plain pickled bytes), so no shared-memory file descriptors are passed around.
 A call to one worker holds that worker's lock; calls to different workers run at once.
 
 A worker that dies (killed, out of memory, a crash in native code) is restarted under its
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..media.hash_ring import ConsistentHashRing
+from .hash_ring import ConsistentHashRing
 
 READY_TIMEOUT_S = 300.0
 
@@ -38,13 +38,15 @@ class WorkerReply:
 def _serve(model: str, dtype: str, cache_bytes: int, threads: int, conn) -> None:
     """The worker process: load the tower, then answer until told to stop (None)."""
     torch.set_num_threads(threads)
-    from ..media.embed_cache import EmbedCache
     from ..models import registry
-    from ..models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
+    from .adapter import adapter_for
+    from .embed_cache import EmbedCache
     try:
         loaded = registry.load(model, progress=False)
-        tower = Qwen2_5_VisionTransformer(loaded.config.vision, loaded.weights,
-                                          getattr(torch, dtype))
+        adapter = adapter_for(loaded.config)
+        if adapter is None:
+            raise ValueError(f"{model} has no vision tower")
+        tower = adapter.build_tower(loaded.weights, getattr(torch, dtype))
         del loaded      # the language model's weights: not this process's business
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails to start
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -54,12 +56,12 @@ def _serve(model: str, dtype: str, cache_bytes: int, threads: int, conn) -> None
     while (msg := conn.recv()) is not None:
         keys, items = msg
         try:
-            conn.send(("ok", _encode(tower, cache, keys, items)))
+            conn.send(("ok", _encode(tower, adapter, cache, keys, items)))
         except Exception as e:  # noqa: BLE001 - this call fails, the worker lives on
             conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-def _encode(tower, cache, keys, items):
+def _encode(tower, adapter, cache, keys, items):
     before = (cache.stats.hits, cache.stats.misses)
     out = [cache.get(k) for k in keys]
     todo: dict[str, tuple[np.ndarray, tuple]] = {}
@@ -71,8 +73,8 @@ def _encode(tower, cache, keys, items):
         grids = torch.tensor([g for _, g in todo.values()])
         with torch.inference_mode():
             embeds = tower(px, grids)
-        m = tower.cfg.spatial_merge_size ** 2
-        made = dict(zip(todo, torch.split(embeds, [t * h * w // m for t, h, w in grids.tolist()])))
+        sizes = [adapter.tokens_per_item(g) for g in grids.tolist()]
+        made = dict(zip(todo, torch.split(embeds, sizes)))
         for k, e in made.items():
             cache.put(k, e.clone())
         out = [e if e is not None else made[k] for k, e in zip(keys, out)]
@@ -139,7 +141,7 @@ class EncoderPool:
     def encode(self, worker: str, keys: list[str], items: list[tuple[torch.Tensor, tuple]]
                ) -> WorkerReply:
         """Blocking: one worker's items (its cache first, one forward for the misses)."""
-        payload = (keys, [(p.numpy(), tuple(g)) for p, g in items])
+        payload = (keys, [(p.cpu().numpy(), tuple(g)) for p, g in items])
         with self._locks[worker]:
             for attempt in (1, 2):
                 conn = self._conns[worker]

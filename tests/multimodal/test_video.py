@@ -7,8 +7,8 @@ import av
 import numpy as np
 import pytest
 
-from mimo.media.errors import MediaDecodeError, MediaTooLarge
-from mimo.media.video import VideoDecoder, probe, split_chunks
+from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge
+from mimo.multimodal.video import VideoDecoder, probe, split_chunks
 from media_testing import media_path
 from video_testing import write_video
 
@@ -102,7 +102,7 @@ def test_frame_count_overstated_by_header(tmp_path):
     """A header that counts a frame more than the stream holds is tolerated (last frame
     repeated); one that promises far more frames is a truncated file."""
     import dataclasses
-    from mimo.media.video import decode_chunk
+    from mimo.multimodal.video import decode_chunk
     data = write_video(tmp_path / "v.mp4", frames=30, gop=10).read_bytes()
     info = probe(data)
     assert info.total_frames == 30

@@ -1,23 +1,27 @@
-"""The chat pipeline preprocesses images as the checkpoint says (its preprocessor_config.json,
-read at load time), checked against transformers' image processor loaded from the same
-directory; a serving cap only lowers the upper bound; broken files are refused by name."""
+"""The Qwen2.5-VL vision adapter: its processor settings are the checkpoint's
+(preprocessor_config.json, read at load time), checked against transformers' image
+processor loaded from the same directory; a serving cap only lowers the upper bound; broken
+files are refused by name. Its placeholders are what the checkpoint's chat template writes,
+and its tower equals the model's own."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 import pytest
+import torch
+from media_testing import media_path
 from PIL import Image
 
-from media.media_testing import media_path
-from mimo.api.chat_pipeline import processor_settings
 from mimo.config import ConfigError, VisionConfig
-from mimo.media.config import MediaConfig
-from mimo.media.image import decode_image
-from mimo.media.preprocess import preprocess_images
 from mimo.models import registry
 from mimo.models.hf_config import vision_preprocessing
 from mimo.models.tiny import qwen2_5_vl as tiny
+from mimo.multimodal.adapter import adapter_for
+from mimo.multimodal.adapters.qwen2_5_vl import Qwen2_5_VLAdapter, processor_settings
+from mimo.multimodal.config import MediaConfig
+from mimo.multimodal.image import decode_image
+from mimo.multimodal.preprocess import preprocess_images
 
 IMAGES = ["astronaut.png", "hubble_deep_field.jpg"]
 CUSTOM = {"min_pixels": 100 * 28 * 28, "max_pixels": 300 * 28 * 28,
@@ -84,3 +88,19 @@ def test_transformers_5_size_spelling_and_bad_files():
                        ([], "JSON object")]:
         with pytest.raises(ConfigError, match=match):
             vision_preprocessing(v, bad)
+
+
+def test_adapter_is_registered_and_speaks_the_checkpoints_tokens(custom_dir):
+    loaded = registry.load(str(custom_dir), progress=False)
+    adapter = adapter_for(loaded.config)
+    assert isinstance(adapter, Qwen2_5_VLAdapter)
+    tok = loaded.tokenizer
+    assert adapter.placeholder_text(tok, "image") == "<|vision_start|><|image_pad|><|vision_end|>"
+    assert adapter.placeholder_text(tok, "video") == "<|vision_start|><|video_pad|><|vision_end|>"
+    assert tok.encode(adapter.placeholder_text(tok, "video")).count(adapter.pad_token("video")) == 1
+    assert adapter.tokens_per_item((2, 4, 6)) == 12
+    assert adapter.processor_settings(MediaConfig()) == processor_settings(loaded.config.vision)
+    model = registry.build_model(loaded.config, loaded.weights, torch.float32)
+    tower = adapter.build_tower(loaded.weights, torch.float32)
+    px = torch.randn(16, adapter.patch_dim, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(tower(px, [(1, 4, 4)]), adapter.encoder(model)(px, [(1, 4, 4)]))

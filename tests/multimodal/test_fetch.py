@@ -8,9 +8,9 @@ import os
 import httpx
 import pytest
 
-from mimo.media.config import MediaConfig
-from mimo.media.errors import (MediaError, MediaFetchError, MediaForbidden, MediaTooLarge)
-from mimo.media.fetch import fetch
+from mimo.multimodal.config import MediaConfig
+from mimo.multimodal.errors import (MediaError, MediaFetchError, MediaForbidden, MediaTooLarge)
+from mimo.multimodal.fetch import fetch
 from media_testing import loopback_server, self_signed_cert, send, stall
 
 BODY = bytes(range(256)) * 100   # 25.6 kB
@@ -167,7 +167,7 @@ def test_redirect_to_private_host_refused():
             return {"cdn.example": ["127.0.0.1"], "internal.example": ["10.0.0.1"]}[host]
         # The first hop is allowed only because this test vets 127.0.0.1 as public: wrap
         # the policy so that loopback passes but 10/8 does not.
-        import mimo.media.address as address
+        import mimo.multimodal.address as address
         real = address.refusal
         try:
             address.refusal = lambda ip: None if ip.is_loopback else real(ip)
