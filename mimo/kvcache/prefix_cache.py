@@ -1,176 +1,73 @@
-"""PrefixCache: the engine's side of the radix tree. Moves a request's pages between its
-SeqKV and the tree, keeping every page owned exactly once.
+"""The prefix-match step: what the scheduler asks of a prefix cache, and nothing more.
 
-Ownership: a page in `seq.full_pages` / `seq.swa_pages` is either the request's own (freed
-by `DualPool.free_seq`) or the tree's (`tree.owns_*`), which the request never frees.
+The scheduler holds one `PrefixMatch` (or None: no caching) and calls only these methods, so
+another cache (a different tree, a tiered store, an external KV service) plugs in without
+touching the scheduler or the decode step. `PrefixCache` is the SWA-aware radix tree's.
 
-Invariant while a request runs: every tree page in its tables is covered by its lock. The
-request locks the node ending at `E` (full KV of [0, E), SWA of the window before E); its
-tables hold tree pages only below E, and tree SWA pages only inside that window (older
-ones are dropped from the table by window release, which runs after each sync). So the
-tree can evict anything else at any time without pulling KV from under a running request.
-
-A request inserts its KV after every prefill chunk (`sync`, up to where its window release
-stands): the tree takes the new pages it wants (never reviving tombstones: a revived page
-could sit beyond E), the request adopts the tree's copy of any tokens it recomputed, and
-moves its lock to the new window-safe end. So the lock's full pages are the request's
-table, and the scheduler reserves the lock's window pages the table no longer holds
-(`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the
-tree takes what it wants, reviving tombstones with pages the request recomputed, and the
-rest is freed.
-""" 
+Ownership rule every implementation keeps: a page it shares with a request is never freed by
+`DualPool.free_seq` (the pool's `is_shared_*` hooks say which), and a page a running request
+reads is never evicted while it runs.
+"""
 from __future__ import annotations
 
-from ..kvcache.dual_pool import DualPool, SeqKV
-from .prefix_match import COUNTERS, PrefixMatch
-from .radix_tree import RadixTree
-from .retention import POLICIES, RetentionPolicy
+from abc import ABC, abstractmethod
+
+from .dual_pool import SeqKV
 
 
-class PrefixCache(PrefixMatch):
-    def __init__(self, pool: DualPool, retention: str | RetentionPolicy = "hybrid-output",
-                 rebuild: bool = True):
-        policy = POLICIES[retention] if isinstance(retention, str) else retention
-        self.pool = pool
-        self.P = pool.page_size
-        # Window rebuild (RadixTree.match): the SWA receptive field in tokens, 0 when off.
-        self.rebuild = pool.layout.swa_receptive_field if rebuild and pool.hybrid else 0
-        self.tree = RadixTree(pool.page_size, pool.window, pool.full.allocator,
-                              pool.swa.allocator if pool.hybrid else None, policy,
-                              mode="hybrid" if pool.hybrid else "full-kv",
-                              unmap=pool.unmap_full_pages, rebuild=self.rebuild)
-        pool.cache_attached = True
-        pool.is_shared_full = self.owns_full
-        pool.is_shared_swa = self.owns_swa
+class PrefixMatch(ABC):
+    @abstractmethod
+    def cached_len(self, tokens: list[int], namespace=None) -> int:
+        """Tokens a request admitted now would reuse; no side effects (queue ordering)."""
 
-    def owns_full(self, page: int) -> bool:
-        return self.tree.owns_full(page)
-
-    def owns_swa(self, page: int) -> bool:
-        return self.pool.hybrid and self.tree.owns_swa(page)
-
-    def counters(self) -> dict[str, int]:
-        return {k: self.tree.counters[k] for k in COUNTERS}
-
-    # ---- admission -------------------------------------------------------------------
-    def cached_len(self, prompt_ids: list[int], namespace=None) -> int:
-        """Prompt tokens a request admitted now would reuse (no side effects)."""
-        return self.tree.peek(prompt_ids[:-1], namespace)
-
+    @abstractmethod
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
               namespace=None) -> int:
-        """Point a new request's page tables at the window-safe cached prefix of `tokens`
-        (its prompt; prompt and output so far when resuming after preemption) but the last
-        token, which must be computed to produce logits; lock it, and note which SWA pages
-        retention will want from the request. `namespace`: the key space (media hashes of
-        a multimodal prompt; None for text), kept for the request's later syncs and insert.
-        Returns cached tokens."""
-        seq.namespace = namespace
-        m = self.tree.match(tokens[:-1], namespace)
-        seq.branch_len = m.prefix_len
-        if m.rebuild:
-            # The request recomputes [length, full_len) for its SWA layers only; see SeqKV.
-            seq.full_cached_to, seq.swa_floor = m.full_len, m.length
-            seq.swa_exact_from = m.swa_exact_from
-            seq.lock_window = False
-        if self.pool.hybrid and not self.tree.policy.keep_all:
-            exact = self._first_exact_page(seq)
-            seq.keep_swa = frozenset(p for p in self.tree.keep_pages(max_len, prompt_len,
-                                                                     m.prefix_len) if p >= exact)
-        if not m.full_len:
-            return 0
-        self.tree.lock(m.node, seq.lock_window)
-        seq.node = m.node
-        seq.full_pages = list(m.full_pages)
-        if self.pool.hybrid:
-            seq.swa_pages = list(m.swa_pages)
-            seq.swa_released = m.swa_first
-        return m.length
+        """Point a new request's page tables at its cached prefix (all but the last token)
+        and protect it; returns the cached tokens."""
 
-    def _first_exact_page(self, seq: SeqKV) -> int:
-        """First logical page whose SWA KV the request computes exactly (all of them but a
-        window rebuild's first ones, see SeqKV): the only ones retention keeps."""
-        return -(-seq.swa_exact_from // self.P)
-
-    def _offered_swa(self, seq: SeqKV, n: int):
-        """The request's SWA pages of its first n logical pages that the cache may take:
-        none starting before `swa_exact_from` (a rebuild's inexact SWA KV)."""
-        if not self.pool.hybrid:
-            return None
-        exact = self._first_exact_page(seq)
-        return [None if i < exact else p for i, p in enumerate(seq.swa_pages[:n])]
-
-    # ---- while running / at the end -----------------------------------------------------
+    @abstractmethod
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
-        """Insert the request's whole pages of KV so far and move its lock to the longest
-        window-safe cached prefix of them (call before `DualPool.release_window`).
+        """A running request computed more prompt KV (`tokens` have KV): share it."""
 
-        `tokens` must end no later than the point window release keeps SWA from (the
-        computed length less a lagging drafter's `swa_lag`): the tree then holds none of
-        the request's SWA pages outside the window the new lock covers. The lock's node is
-        a plain window-safe match (never a rebuild: its window is live by construction);
-        where the tree held its own copy of tokens the request recomputed, the request
-        adopts that copy (`DualPool.adopt`, freeing its duplicates) so that the lock pins
-        only pages in the request's tables."""
-        n = len(tokens) // self.P
-        if n == 0:
-            return
-        self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], self._offered_swa(seq, n),
-                         seq.namespace, prompt_len=prompt_len, revive=False,
-                         branch_len=seq.branch_len)
-        # Pages the tree did not take stay the request's own until it finishes.
-        m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False, rebuild=0)
-        if m.node is seq.node or m.length < (seq.node.end if seq.node else 0):
-            return
-        self.tree.lock(m.node)
-        full = {i: p for i, p in enumerate(m.full_pages) if seq.full_pages[i] != p}
-        swa = ({i: p for i, p in enumerate(m.swa_pages)
-                if p is not None and seq.swa_pages[i] not in (None, p)}
-               if self.pool.hybrid else {})
-        if full or swa:
-            self.pool.adopt(seq, full, swa)
-        self.tree.unlock(seq.node, seq.lock_window)
-        seq.node, seq.lock_window = m.node, True
-
+    @abstractmethod
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
-        """Offer the finished (or aborted) request's KV to the tree, then let go of
-        everything. `tokens`: the tokens whose KV is computed."""
-        n = len(tokens) // self.P
-        if n:
-            res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n],
-                                   self._offered_swa(seq, n), seq.namespace,
-                                   prompt_len=prompt_len, branch_len=seq.branch_len)
-            for full_page, swa_page in res.remap:
-                self.pool.map_pages(full_page, swa_page)
-        node, seq.node, window = seq.node, None, seq.lock_window
-        self.pool.free_seq(seq)        # frees only pages the tree does not own
-        self.tree.unlock(node, window)
+        """The request ended (or was preempted): keep what is worth keeping, free the rest
+        of its pages (`DualPool.free_seq`) and drop its protection."""
 
     def release(self, seq: SeqKV) -> None:
-        """Undo `admit`: no KV offered, and a rebuild match's leaf is left as it was (its
-        full KV is what a later admission rebuilds from; finishing would trim it)."""
-        node, seq.node, window = seq.node, None, seq.lock_window
-        self.pool.free_seq(seq)
-        self.tree.unlock(node, window, fix=False)
+        """Undo `admit` for a request that was not admitted after all (no room): drop its
+        protection and its pages and leave the cache as the match found it."""
+        self.finish(seq, [], 0)
 
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
-        """SWA pages of the lock's window that the request's table no longer holds (window
-        release dropped them while the lock stays). Full: none, since the lock's path is
-        the request's own table (`sync` adopts the tree's copy before locking it)."""
-        node = seq.node
-        if node is None or not seq.lock_window or not self.pool.hybrid:
-            return 0, 0
-        table = seq.swa_pages
-        return 0, sum(g >= len(table) or table[g] != page for g, page in self.tree.window_of(node))
+        """(full, SWA) pages the request's protection keeps in use that are not in its own
+        tables. The scheduler reserves them for the request (the rule in scheduler.py)."""
+        return 0, 0
 
-    # ---- room ---------------------------------------------------------------------------
+    @abstractmethod
     def make_room(self, full: int, swa: int) -> None:
-        """Evict unlocked cached pages until `full` / `swa` pages are free (or nothing
-        evictable is left)."""
-        need_f = max(0, full - self.pool.full.allocator.num_free)
-        need_s = max(0, swa - self.pool.swa.allocator.num_free) if self.pool.hybrid else 0
-        if need_f or need_s:
-            self.tree.evict(need_f, need_s)
+        """Evict until `full` / `swa` pages are free, or nothing evictable is left."""
 
+    @abstractmethod
     def check_integrity(self) -> None:
-        self.tree.check_integrity()
+        ...
+
+    def counters(self) -> dict[str, int]:
+        """Running totals for monitoring (names in `COUNTERS`); empty if it keeps none."""
+        return {}
+
+
+# What `counters()` may report; /metrics exports these (missing ones as 0).
+COUNTERS = {
+    "cut_never_kept": "prompt tokens equal to a cached prefix but not reused: no SWA window "
+                      "was ever kept where they end (a fork retention did not foresee)",
+    "cut_evicted": "prompt tokens equal to a cached prefix but not reused: the SWA window "
+                   "where they end was evicted (SWA pool pressure)",
+    "rebuilt_tokens": "prompt tokens reused past a missing SWA window by recomputing only the "
+                      "SWA layers' receptive field before the cached prefix's end",
+    "evicted_full": "full pages freed by evicting cached nodes",
+    "evicted_swa": "SWA pages freed by evicting cached nodes",
+    "tombstoned_swa": "SWA pages freed alone, their full KV kept (SWA-only eviction)",
+    "revived_swa": "tombstoned SWA pages filled again by a request that recomputed them",
+}

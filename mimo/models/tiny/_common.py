@@ -57,3 +57,15 @@ def write_tokenizer(out: Path, tok, config: dict) -> None:
     write_json(out / "tokenizer_config.json",
                {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096,
                 "clean_up_tokenization_spaces": False, **config})
+
+
+def write_checkpoint(out_dir: Path, config: dict, weights: dict[str, torch.Tensor], tok,
+                     tokenizer_config: dict, generation_config: dict) -> None:
+    """A loadable directory: config.json, model.safetensors, the tokenizer files
+    (`write_tokenizer`) and generation_config.json."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / "config.json", config)
+    write_weights(out / "model.safetensors", weights)
+    write_tokenizer(out, tok, tokenizer_config)
+    write_json(out / "generation_config.json", generation_config)

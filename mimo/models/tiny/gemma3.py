@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..chat_template import GEMMA3_TEMPLATE
-from ._common import Randn, byte_level_bpe, write_json, write_tokenizer, write_weights
+from ._common import Randn, byte_level_bpe, write_checkpoint
 
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PAD, EOS, BOS, END_OF_TURN = 0, 1, 2, 5
@@ -51,17 +51,12 @@ def weights(seed: int) -> dict:
 
 
 def write(out_dir: Path, seed: int = 0) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", config())
-    write_weights(out / "model.safetensors", weights(seed))
     tok = byte_level_bpe(SPECIAL, vocab_size=400)
     # Gemma's tokenizer prepends <bos>; the post-processor makes transformers do so too.
     from tokenizers import processors
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", pair="<bos> $A $B",
                                                        special_tokens=[("<bos>", BOS)])
-    write_tokenizer(out, tok, {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
-                               "unk_token": "<unk>", "add_bos_token": True,
-                               "chat_template": GEMMA3_TEMPLATE})
-    write_json(out / "generation_config.json",
-               {"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN], "pad_token_id": PAD})
+    write_checkpoint(out_dir, config(), weights(seed), tok,
+                     {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
+                      "unk_token": "<unk>", "add_bos_token": True, "chat_template": GEMMA3_TEMPLATE},
+                     {"bos_token_id": BOS, "eos_token_id": [EOS, END_OF_TURN], "pad_token_id": PAD})

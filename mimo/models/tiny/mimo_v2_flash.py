@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ._common import Randn, byte_level_bpe, write_json, write_tokenizer, write_weights
+from ._common import Randn, byte_level_bpe, write_checkpoint
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 PAD, IM_END = 0, 2
@@ -107,13 +107,7 @@ def weights(seed: int) -> dict:
 
 
 def write(out_dir: Path, seed: int = 0) -> None:
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", config())
-    write_weights(out / "model.safetensors", weights(seed))
-    tok = byte_level_bpe(SPECIAL, vocab_size=400)
-    write_tokenizer(out, tok, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-                               "bos_token": None, "add_bos_token": False,
-                               "chat_template": CHATML})
-    write_json(out / "generation_config.json",
-               {"eos_token_id": [IM_END, PAD], "pad_token_id": PAD})
+    write_checkpoint(out_dir, config(), weights(seed), byte_level_bpe(SPECIAL, vocab_size=400),
+                     {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                      "add_bos_token": False, "chat_template": CHATML},
+                     {"eos_token_id": [IM_END, PAD], "pad_token_id": PAD})
