@@ -2,82 +2,54 @@
 separate RoPE bases for local (SWA) and global (full) layers, scaled embeddings, tied head.
 
 Weights come in Hugging Face naming with HF's norm convention (the model multiplies by
-1 + w); loaders translate other formats to it.
+1 + w); the GGUF reader below translates llama.cpp's (1 + w) norms back to it.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
-from ..gpu.attention import AttentionBackend
-from .context import ForwardContext
-from .layers import Linear, RMSNorm, Rotary
-from .lm_head import LMHead
-
-
-class Gemma3Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, kind: str, w: dict, p: str):
-        super().__init__()
-        self.kind = kind
-        self.hq = cfg.num_heads
-        self.hkv, self.d, self.dv = cfg.kv_shape(kind)
-        self.qkv = Linear(torch.cat([w[p + "q_proj.weight"], w[p + "k_proj.weight"],
-                                     w[p + "v_proj.weight"]]))
-        self.o = Linear(w[p + "o_proj.weight"])
-        # q and k heads sit side by side in the qkv output: one norm call covers both.
-        qk_w = torch.cat([w[p + "q_norm.weight"].expand(self.hq, -1),
-                          w[p + "k_norm.weight"].expand(self.hkv, -1)])
-        self.qk_norm = RMSNorm(self.d, cfg.rms_norm_eps, qk_w)
-        self.scale = (cfg.query_pre_attn_scalar or self.d) ** -0.5
-
-    def forward(self, x, rope, k_cache, v_cache, batch, backend: AttentionBackend):
-        T = x.shape[0]
-        qkv = self.qkv(x)
-        nqk = (self.hq + self.hkv) * self.d
-        qk = Rotary.apply(self.qk_norm(qkv[:, :nqk].view(T, self.hq + self.hkv, self.d)), rope)
-        q, k = qk[:, :self.hq], qk[:, self.hq:]
-        v = qkv[:, nqk:].view(T, self.hkv, self.dv)
-        o = backend.forward(q, k, v, k_cache, v_cache, batch, self.scale)
-        return self.o(o.reshape(T, self.hq * self.dv))
-
-
-class Gemma3MLP(nn.Module):
-    def __init__(self, w: dict, p: str):
-        super().__init__()
-        self.gate_up = Linear(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]))
-        self.down = Linear(w[p + "down_proj.weight"])
-
-    def forward(self, x):
-        g, u = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.gelu(g, approximate="tanh") * u)
+from ..config import ConfigError, ModelConfig
+from ..gpu.attention import AttentionBackend, AttnBatch
+from .architecture import GGUF_LAYER_NAMES, Architecture, GGUFFormat, eos_ids
+from .attention import Attention
+from .decoder import DecoderLM
+from .gguf_file import GGUFFile
+from .layers import RMSNorm, Rotary
+from .mlp import GatedMLP
+from .tiny import gemma3 as tiny
 
 
 class Gemma3Layer(nn.Module):
-    def __init__(self, cfg: ModelConfig, i: int, w: dict):
+    """Sandwich norms: each block's input and output are normed, then added to the residual."""
+
+    def __init__(self, cfg: ModelConfig, i: int, w: dict, dtype: torch.dtype):
         super().__init__()
         p = f"model.layers.{i}."
         eps = cfg.rms_norm_eps
         self.kind = cfg.layer_types[i]
-        self.attn = Gemma3Attention(cfg, self.kind, w, p + "self_attn.")
-        self.mlp = Gemma3MLP(w, p + "mlp.")
+        self.attn = Attention(cfg, self.kind, w, p + "self_attn.", dtype, qk_norm=True)
+        self.mlp = GatedMLP.load(w, p + "mlp.", dtype, act="gelu_pytorch_tanh")
         self.input_norm = RMSNorm(cfg.hidden_size, eps, w[p + "input_layernorm.weight"])
         self.post_attn_norm = RMSNorm(cfg.hidden_size, eps, w[p + "post_attention_layernorm.weight"])
         self.pre_ff_norm = RMSNorm(cfg.hidden_size, eps, w[p + "pre_feedforward_layernorm.weight"])
         self.post_ff_norm = RMSNorm(cfg.hidden_size, eps, w[p + "post_feedforward_layernorm.weight"])
 
-    def forward(self, x, rope, k_cache, v_cache, batch, backend):
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
+                backend: AttentionBackend) -> torch.Tensor:
         h = self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
         x = x + self.post_attn_norm(h)
         h = self.mlp(self.pre_ff_norm(x))
         return x + self.post_ff_norm(h)
 
 
-class Gemma3ForCausalLM(nn.Module):
+class Gemma3ForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
         w = {k: (v.to(dtype) if "norm" not in k else v.float()) for k, v in weights.items()}
         max_pos = cfg.max_position
         d_full, d_swa = cfg.kv_shape("full")[1], cfg.kv_shape("swa")[1]
@@ -87,27 +59,82 @@ class Gemma3ForCausalLM(nn.Module):
         self.embed = nn.Parameter(w["model.embed_tokens.weight"], requires_grad=False)
         # HF casts the scale to the weight dtype before multiplying; do the same.
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5).to(dtype)
-        self.layers = nn.ModuleList(
-            Gemma3Layer(cfg, i, w) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Gemma3Layer(cfg, i, w, dtype) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, w["model.norm.weight"])
-        head = w.get("lm_head.weight", self.embed) if not cfg.tie_word_embeddings else self.embed
-        self.lm_head = LMHead(Linear(head))
+        self.lm_head = self._head(w, dtype, required=False)
 
-    def quantize_int8(self) -> None:
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.quantize_int8()
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return super().embed_tokens(input_ids) * self.embed_scale
 
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Flattened tokens of every scheduled sequence -> final hidden states of
-        `logit_rows` (all rows if None), ready for `lm_head.logits` or `lm_head.greedy`."""
-        x = F.embedding(input_ids, self.embed) * self.embed_scale
-        tables = {kind: rope.tables(positions) for kind, rope in self.rope.items()}
-        for i, layer in enumerate(self.layers):
-            k_cache, v_cache = ctx.kv[i]
-            x = layer(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind], ctx.backend)
-        if logit_rows is not None:
-            x = x.index_select(0, logit_rows)
-        return self.norm(x)
+
+def gemma3_config(c: dict[str, Any]) -> ModelConfig:
+    if "text_config" in c:          # Gemma3ForConditionalGeneration wraps the text model
+        c = {**c["text_config"], "eos_token_id": c.get("eos_token_id", c["text_config"].get("eos_token_id"))}
+    n = c["num_hidden_layers"]
+    if c.get("layer_types"):
+        types = tuple("full" if t == "full_attention" else "swa" for t in c["layer_types"])
+    else:
+        pattern = c.get("sliding_window_pattern", c.get("_sliding_window_pattern", 6))
+        types = tuple("full" if (i + 1) % pattern == 0 else "swa" for i in range(n))
+    rp = c.get("rope_parameters") or {}
+    theta = rp.get("full_attention", {}).get("rope_theta", c.get("rope_theta", 1_000_000.0))
+    local = rp.get("sliding_attention", {}).get("rope_theta", c.get("rope_local_base_freq", 10_000.0))
+    scaling = rp.get("full_attention", {}) if rp else (c.get("rope_scaling") or {})
+    factor = float(scaling.get("factor", 1.0)) if scaling.get("rope_type", "default") == "linear" else 1.0
+    if c.get("attn_logit_softcapping") or c.get("final_logit_softcapping"):
+        raise ConfigError("gemma3 with logit soft-capping is not supported")
+    hd = c.get("head_dim", 256)
+    kv = c.get("num_key_value_heads", 1)
+    return ModelConfig(
+        arch="gemma3", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"], num_layers=n,
+        num_heads=c["num_attention_heads"], layer_types=types, full_kv_heads=kv, swa_kv_heads=kv,
+        head_dim=hd, v_head_dim=hd, swa_head_dim=hd, swa_v_head_dim=hd,
+        sliding_window=c.get("sliding_window", 512), rope_theta=theta, rope_local_theta=local,
+        rms_norm_eps=c.get("rms_norm_eps", 1e-6),
+        max_position=c.get("max_position_embeddings", 32768),
+        query_pre_attn_scalar=c.get("query_pre_attn_scalar", hd),
+        tie_word_embeddings=c.get("tie_word_embeddings", True),
+        bos_token_id=c.get("bos_token_id"), eos_token_ids=eos_ids(c.get("eos_token_id")),
+        rope_scaling_factor=factor)
+
+
+# Gemma's ffn_norm is the first of the two norms around the MLP.
+GGUF_NAMES = {**GGUF_LAYER_NAMES, "attn_q_norm": "self_attn.q_norm",
+              "attn_k_norm": "self_attn.k_norm", "post_attention_norm": "post_attention_layernorm",
+              "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+
+
+def _gguf_config(f: GGUFFile) -> dict:
+    md, a = f.metadata, "gemma3"
+    hd = int(md[f"{a}.attention.key_length"])
+    return {
+        "model_type": "gemma3_text", "vocab_size": len(md["tokenizer.ggml.tokens"]),
+        "hidden_size": int(md[f"{a}.embedding_length"]),
+        "intermediate_size": int(md[f"{a}.feed_forward_length"]),
+        "num_hidden_layers": int(md[f"{a}.block_count"]),
+        "num_attention_heads": int(md[f"{a}.attention.head_count"]),
+        "num_key_value_heads": int(md[f"{a}.attention.head_count_kv"]),
+        "head_dim": hd,
+        "sliding_window": int(md[f"{a}.attention.sliding_window"]),
+        "rms_norm_eps": float(md[f"{a}.attention.layer_norm_rms_epsilon"]),
+        "rope_theta": float(md.get(f"{a}.rope.freq_base", 1_000_000.0)),
+        # Not stored in GGUF; every Gemma 3 checkpoint uses 10k for local layers.
+        "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": int(md[f"{a}.context_length"]),
+        "query_pre_attn_scalar": hd,
+        "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+    }
+
+
+def _gguf_to_hf(name: str, w: torch.Tensor, md: Mapping[str, Any]) -> torch.Tensor:
+    """llama.cpp stores Gemma's norm weights as 1 + w."""
+    return w - 1.0 if name.endswith("norm.weight") else w
+
+
+ARCHITECTURE = Architecture(
+    name="gemma3", model_types=("gemma3", "gemma3_text"), hf_config=gemma3_config,
+    model=Gemma3ForCausalLM, gguf=GGUFFormat(GGUF_NAMES, _gguf_config, _gguf_to_hf),
+    tiny=tiny.write)

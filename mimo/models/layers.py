@@ -11,6 +11,13 @@ from torch import nn
 INT8_MAX_ROWS = 8
 
 
+def quantize_int8(module: nn.Module) -> None:
+    """Give every `Linear` inside `module` its int8 copy (the bf16 weight stays)."""
+    for m in module.modules():
+        if isinstance(m, Linear):
+            m.quantize_int8()
+
+
 class Linear(nn.Module):
     """y = x @ W.T (no bias). Optionally keeps an int8 per-row copy of W for small batches."""
 
@@ -50,6 +57,21 @@ class RMSNorm(nn.Module):
         if self.scale.dim() == 1:
             return F.rms_norm(x.float(), (self.dim,), self.scale, self.eps).to(x.dtype)
         return (F.rms_norm(x.float(), (self.dim,), None, self.eps) * self.scale).to(x.dtype)
+
+
+class LlamaRMSNorm(RMSNorm):
+    """RMSNorm scaled by w itself (HF's LlamaRMSNorm). `scale` holds w exactly rather than
+    (w - 1) + 1. As in transformers, the float32 normalised value is cast back to the
+    activation dtype before the multiply by w (which is in that dtype too)."""
+
+    def __init__(self, dim: int, eps: float, weight: torch.Tensor, dtype: torch.dtype):
+        super().__init__(dim, eps)
+        self.scale = nn.Parameter(weight.to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (self.dim,), self.scale.float(), self.eps)
+        return self.scale * F.rms_norm(x.float(), (self.dim,), None, self.eps).to(x.dtype)
 
 
 class Rotary(nn.Module):

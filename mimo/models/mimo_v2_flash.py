@@ -11,86 +11,21 @@ Weights are accepted in both spellings: transformers' in-memory one (`self_attn.
 """
 from __future__ import annotations
 
-import re
+import dataclasses
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ModelConfig
-from ..gpu.attention import AttentionBackend
+from ..config import ConfigError, ModelConfig
+from .architecture import Architecture, eos_ids
 from .context import ForwardContext
-from .layers import Linear, Rotary
-from .llama import LlamaRMSNorm
-from .lm_head import LMHead
-from .mimo_v2_flash_mtp import MiMoMTPLayer
+from .decoder import DecoderLM, PreNormLayer
+from .layers import LlamaRMSNorm, Rotary
+from .mimo_v2_flash_mtp import MiMoMTPLayer, mtp_layers_in
 from .moe import SparseMoE
-
-_MTP_RE = re.compile(r"^model\.mtp\.layers\.(\d+)\.")
-
-
-def mtp_layers_in(weights: dict[str, torch.Tensor]) -> int:
-    """How many MTP layers a checkpoint holds (`model.mtp.layers.{k}.*`, k = 0, 1, ...):
-    the weights decide, as configs do not always declare them."""
-    ks = {int(m.group(1)) for name in weights if (m := _MTP_RE.match(name))}
-    n = 0
-    while n in ks:
-        n += 1
-    return n
-
-
-def _sinks(w: dict, p: str) -> torch.Tensor:
-    for name in ("self_attn.sinks", "self_attn.attention_sink_bias"):
-        if p + name in w:
-            return w[p + name]
-    raise KeyError(f"missing {p}self_attn.sinks (or .attention_sink_bias): the config says "
-                   f"this layer kind has attention sinks")
-
-
-class MiMoAttention(nn.Module):
-    """GQA with per-kind shapes, partial RoPE, value scale and optional sink logits."""
-
-    def __init__(self, cfg: ModelConfig, kind: str, w: dict, p: str, dtype: torch.dtype,
-                 value_scale: float | None = None):
-        super().__init__()
-        self.kind = kind
-        self.hq = cfg.num_heads
-        self.hkv, self.d, self.dv = cfg.kv_shape(kind)
-        a = p + "self_attn."
-        self.qkv = Linear(torch.cat([w[a + "q_proj.weight"], w[a + "k_proj.weight"],
-                                     w[a + "v_proj.weight"]]).to(dtype))
-        self.o = Linear(w[a + "o_proj.weight"].to(dtype))
-        has_sink = cfg.swa_attention_sink if kind == "swa" else cfg.full_attention_sink
-        # Sinks in the model dtype, as transformers keeps them; the backend adds them in fp32.
-        self.sinks = (nn.Parameter(_sinks(w, p).to(dtype), requires_grad=False)
-                      if has_sink else None)
-        self.scale = self.d ** -0.5
-        self.v_scale = cfg.attention_value_scale if value_scale is None else value_scale
-
-    def forward(self, x, rope, k_cache, v_cache, batch, backend: AttentionBackend):
-        T = x.shape[0]
-        qkv = self.qkv(x)
-        nqk = (self.hq + self.hkv) * self.d
-        # q and k heads sit side by side in the qkv output: one RoPE call covers both.
-        qk = Rotary.apply(qkv[:, :nqk].view(T, self.hq + self.hkv, self.d), rope)
-        q, k = qk[:, :self.hq], qk[:, self.hq:]
-        v = qkv[:, nqk:].view(T, self.hkv, self.dv)
-        if self.v_scale != 1.0:
-            v = v * self.v_scale          # before caching: the cache holds scaled values
-        o = backend.forward(q, k, v, k_cache, v_cache, batch, self.scale, self.sinks)
-        return self.o(o.reshape(T, self.hq * self.dv))
-
-
-class MiMoMLP(nn.Module):
-    def __init__(self, w: dict, p: str, dtype: torch.dtype):
-        super().__init__()
-        self.gate_up = Linear(torch.cat([w[p + "gate_proj.weight"],
-                                         w[p + "up_proj.weight"]]).to(dtype))
-        self.down = Linear(w[p + "down_proj.weight"].to(dtype))
-
-    def forward(self, x):
-        g, u = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(g) * u)
+from .tiny import mimo_v2_flash as tiny
 
 
 def _moe(cfg: ModelConfig, w: dict, p: str, dtype: torch.dtype) -> SparseMoE:
@@ -110,27 +45,10 @@ def _moe(cfg: ModelConfig, w: dict, p: str, dtype: torch.dtype) -> SparseMoE:
                      cfg.topk_group, cfg.norm_topk_prob, cfg.routed_scaling_factor)
 
 
-class MiMoLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, i: int, w: dict, dtype: torch.dtype):
-        super().__init__()
-        p = f"model.layers.{i}."
-        eps, H = cfg.rms_norm_eps, cfg.hidden_size
-        self.kind = cfg.layer_types[i]
-        self.attn = MiMoAttention(cfg, self.kind, w, p, dtype)
-        sparse = bool(cfg.mlp_types) and cfg.mlp_types[i] == "sparse"
-        self.mlp = _moe(cfg, w, p, dtype) if sparse else MiMoMLP(w, p + "mlp.", dtype)
-        self.input_norm = LlamaRMSNorm(H, eps, w[p + "input_layernorm.weight"], dtype)
-        self.post_attn_norm = LlamaRMSNorm(H, eps, w[p + "post_attention_layernorm.weight"], dtype)
-
-    def forward(self, x, rope, k_cache, v_cache, batch, backend):
-        x = x + self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
-        return x + self.mlp(self.post_attn_norm(x))
-
-
-class MiMoV2FlashForCausalLM(nn.Module):
+class MiMoV2FlashForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
-        super().__init__()
-        self.cfg = cfg
+        super().__init__(cfg)
+        # Converted tensor by tensor (not the whole dict up front): the full checkpoint is large.
         w = weights
         max_pos = cfg.max_position
         self.rope = nn.ModuleDict({
@@ -138,37 +56,14 @@ class MiMoV2FlashForCausalLM(nn.Module):
             "swa": Rotary(cfg.swa_rotary_dim or cfg.swa_head_dim, cfg.rope_local_theta, max_pos,
                           dtype=dtype)})
         self.embed = nn.Parameter(w["model.embed_tokens.weight"].to(dtype), requires_grad=False)
-        self.layers = nn.ModuleList(MiMoLayer(cfg, i, w, dtype) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            PreNormLayer.load(cfg, i, w, dtype, _moe(cfg, w, f"model.layers.{i}.", dtype)
+                              if cfg.mlp_types and cfg.mlp_types[i] == "sparse" else None)
+            for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, w["model.norm.weight"], dtype)
-        if cfg.tie_word_embeddings:
-            head = self.embed
-        elif "lm_head.weight" in w:
-            head = w["lm_head.weight"].to(dtype)
-        else:
-            raise ValueError("untied mimo_v2_flash checkpoint has no lm_head.weight")
-        self.lm_head = LMHead(Linear(head))
+        self.lm_head = self._head(w, dtype)
         self.mtp = nn.ModuleList(MiMoMTPLayer(cfg, k, w, dtype)
                                  for k in range(cfg.num_mtp_layers))
-
-    def quantize_int8(self) -> None:
-        for m in self.modules():
-            if isinstance(m, Linear):
-                m.quantize_int8()
-
-    @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext,
-                logit_rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Flattened tokens of every scheduled sequence -> final hidden states of
-        `logit_rows` (all rows if None), ready for `lm_head.logits` or `lm_head.greedy`,
-        and the `hidden_prev` of MTP layer 0."""
-        x = F.embedding(input_ids, self.embed)
-        tables = {kind: rope.tables(positions) for kind, rope in self.rope.items()}
-        for i, layer in enumerate(self.layers):
-            k_cache, v_cache = ctx.kv[i]
-            x = layer(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind], ctx.backend)
-        if logit_rows is not None:
-            x = x.index_select(0, logit_rows)
-        return self.norm(x)
 
     @torch.inference_mode()
     def mtp_forward(self, k: int, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -194,3 +89,104 @@ class MiMoV2FlashForCausalLM(nn.Module):
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         return x
+
+
+def _mimo_rope(c: dict[str, Any], kind: str) -> tuple[float, float]:
+    """(theta, partial_rotary_factor) of a layer kind. transformers 5 keeps them per kind in
+    rope_parameters; the hub checkpoint's own config has rope_theta / swa_rope_theta and one
+    partial_rotary_factor. Defaults are transformers' (the released model's values)."""
+    rp = c.get("rope_parameters") or {}
+    hf_kind = "full_attention" if kind == "full" else "sliding_attention"
+    if hf_kind in rp:
+        p = rp[hf_kind]
+        if p.get("rope_type", "default") != "default":
+            raise ConfigError(f"mimo_v2_flash RoPE type {p.get('rope_type')!r} is not supported")
+        return float(p["rope_theta"]), float(p.get("partial_rotary_factor", 0.334))
+    if c.get("rope_scaling"):
+        raise ConfigError("mimo_v2_flash with rope_scaling is not supported")
+    full = float(c.get("rope_theta", 5_000_000.0))
+    theta = full if kind == "full" else float(c.get("swa_rope_theta", 10_000.0))
+    return theta, float(c.get("partial_rotary_factor", 0.334))
+
+
+def mimo_v2_flash_config(c: dict[str, Any]) -> ModelConfig:
+    """MiMo-V2-Flash, from either spelling of its config: transformers' (layer_types,
+    mlp_layer_types, rope_parameters, sliding_window; SWA KV heads are twice the full ones) or
+    the hub checkpoint's own (hybrid_layer_pattern, moe_layer_freq, swa_* keys,
+    sliding_window_size, add_*_attention_sink_bias, layernorm_epsilon).
+
+    Window: SGLang (the reference implementation) lets an SWA query see `sliding_window_size`
+    previous tokens plus itself; transformers 5.24 stores that as sliding_window =
+    sliding_window_size + 1 and masks keys in (pos - sliding_window, pos]. ModelConfig counts
+    the same way, so: sliding_window_size + 1 when given, else sliding_window as is."""
+    n = c["num_hidden_layers"]
+    if c.get("hybrid_layer_pattern") is not None:
+        types = tuple("swa" if p == 1 else "full" for p in c["hybrid_layer_pattern"])
+    elif c.get("layer_types"):
+        types = tuple("full" if t == "full_attention" else "swa" for t in c["layer_types"])
+    else:   # transformers' default: full on layer 0 and every 6th layer
+        types = tuple("full" if i == 0 or (i + 1) % 6 == 0 else "swa" for i in range(n))
+    freq = c.get("moe_layer_freq")
+    if isinstance(freq, list):
+        mlp = tuple("sparse" if f else "dense" for f in freq)
+    elif c.get("mlp_layer_types"):
+        mlp = tuple(c["mlp_layer_types"])
+    else:
+        mlp = ("dense",) + ("sparse",) * (n - 1)
+    if c.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"mimo_v2_flash with hidden_act={c['hidden_act']!r} is not supported")
+    if c.get("attention_bias"):
+        raise ConfigError("mimo_v2_flash with attention_bias is not supported")
+    if c.get("n_shared_experts"):
+        raise ConfigError("mimo_v2_flash with shared experts is not supported")
+    if c.get("scoring_func", "sigmoid") != "sigmoid":
+        raise ConfigError(f"mimo_v2_flash with scoring_func={c['scoring_func']!r} is not supported")
+    heads = c["num_attention_heads"]
+    if c.get("swa_num_attention_heads", heads) != heads:
+        raise ConfigError("mimo_v2_flash with different query head counts per layer kind "
+                          "is not supported")
+    hd, vd = c.get("head_dim", 192), c.get("v_head_dim", 128)
+    swa_hd, swa_vd = c.get("swa_head_dim", hd), c.get("swa_v_head_dim", vd)
+    kv = c.get("num_key_value_heads", 4)
+    swa_kv = c.get("swa_num_key_value_heads", 2 * kv)     # transformers ties it to 2x
+    theta, pf = _mimo_rope(c, "full")
+    local, swa_pf = _mimo_rope(c, "swa")
+    if c.get("sliding_window_size") is not None:
+        window = int(c["sliding_window_size"]) + 1
+    else:
+        window = int(c.get("sliding_window") or 129)
+    # transformers: a null value scale means none; a missing one its default, 0.707.
+    vs = c.get("attention_value_scale", 0.707)
+    rsf = c.get("routed_scaling_factor")
+    return ModelConfig(
+        arch="mimo_v2_flash", vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
+        intermediate_size=c["intermediate_size"], num_layers=n, num_heads=heads,
+        layer_types=types, full_kv_heads=kv, swa_kv_heads=swa_kv, head_dim=hd, v_head_dim=vd,
+        swa_head_dim=swa_hd, swa_v_head_dim=swa_vd, sliding_window=window,
+        rope_theta=theta, rope_local_theta=local,
+        rms_norm_eps=c.get("layernorm_epsilon", c.get("rms_norm_eps", 1e-5)),
+        max_position=c.get("max_position_embeddings", 131072), query_pre_attn_scalar=None,
+        tie_word_embeddings=c.get("tie_word_embeddings", False),
+        bos_token_id=c.get("bos_token_id"), eos_token_ids=eos_ids(c.get("eos_token_id")),
+        rotary_dim=int(hd * pf), swa_rotary_dim=int(swa_hd * swa_pf),
+        full_attention_sink=bool(c.get("add_full_attention_sink_bias", False)),
+        swa_attention_sink=bool(c.get("add_swa_attention_sink_bias", True)),
+        attention_value_scale=1.0 if vs is None else float(vs),
+        mlp_types=mlp, num_experts=c.get("n_routed_experts", c.get("num_local_experts", 0)),
+        num_experts_per_tok=c.get("num_experts_per_tok", 0),
+        moe_intermediate_size=c.get("moe_intermediate_size", 0),
+        n_group=c.get("n_group") or 1, topk_group=c.get("topk_group") or 1,
+        norm_topk_prob=bool(c.get("norm_topk_prob", True)),
+        routed_scaling_factor=1.0 if rsf is None else float(rsf),
+        # The checkpoint's weights decide in the end (ARCHITECTURE.from_weights counts model.mtp.layers.*).
+        num_mtp_layers=int(c.get("num_nextn_predict_layers") or 0))
+
+
+def _from_weights(cfg: ModelConfig, weights: dict[str, torch.Tensor]) -> ModelConfig:
+    """MTP layers: the checkpoint's weights decide, whatever the config declares."""
+    return dataclasses.replace(cfg, num_mtp_layers=mtp_layers_in(weights))
+
+
+ARCHITECTURE = Architecture(
+    name="mimo_v2_flash", model_types=("mimo_v2_flash",), hf_config=mimo_v2_flash_config,
+    model=MiMoV2FlashForCausalLM, tiny=tiny.write, from_weights=_from_weights)

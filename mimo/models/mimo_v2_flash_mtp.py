@@ -19,21 +19,35 @@ module as the decoder's SWA layers, whose values are scaled in both references.
 """
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import nn
 
 from ..config import ModelConfig
-from .layers import Linear
-from .llama import LlamaRMSNorm
+from .attention import Attention
+from .decoder import PreNormLayer
+from .layers import Linear, LlamaRMSNorm
+from .mlp import GatedMLP
 
 MTP_VALUE_SCALE = True
+
+_MTP_RE = re.compile(r"^model\.mtp\.layers\.(\d+)\.")
+
+
+def mtp_layers_in(weights: dict[str, torch.Tensor]) -> int:
+    """How many MTP layers a checkpoint holds (`model.mtp.layers.{k}.*`, k = 0, 1, ...):
+    the weights decide, as configs do not always declare them."""
+    ks = {int(m.group(1)) for name in weights if (m := _MTP_RE.match(name))}
+    n = 0
+    while n in ks:
+        n += 1
+    return n
 
 
 class MiMoMTPLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, k: int, w: dict, dtype: torch.dtype):
         super().__init__()
-        # Imported here: mimo_v2_flash imports this module for its model class.
-        from .mimo_v2_flash import MiMoAttention, MiMoMLP
         p = f"model.mtp.layers.{k}."
         eps, H = cfg.rms_norm_eps, cfg.hidden_size
 
@@ -45,15 +59,14 @@ class MiMoMTPLayer(nn.Module):
 
         self.enorm, self.hnorm = norm("enorm"), norm("hnorm")
         self.eh_proj = Linear(w[p + "eh_proj.weight"].to(dtype))
-        self.input_norm = norm("input_layernorm")
-        self.attn = MiMoAttention(cfg, "swa", w, p, dtype,
-                                  value_scale=None if MTP_VALUE_SCALE else 1.0)
-        self.pre_mlp_norm = norm("pre_mlp_layernorm", "post_attention_layernorm")
-        self.mlp = MiMoMLP(w, p + "mlp.", dtype)
+        # The decoder layer's body, on the SWA kind.
+        self.block = PreNormLayer(
+            Attention(cfg, "swa", w, p + "self_attn.", dtype,
+                      value_scale=None if MTP_VALUE_SCALE else 1.0),
+            GatedMLP.load(w, p + "mlp.", dtype), norm("input_layernorm"),
+            norm("pre_mlp_layernorm", "post_attention_layernorm"))
         self.final_norm = norm("final_layernorm")
 
     def forward(self, emb, hidden_prev, rope, k_cache, v_cache, batch, backend):
         x = self.eh_proj(torch.cat([self.enorm(emb), self.hnorm(hidden_prev)], dim=-1))
-        x = x + self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
-        x = x + self.mlp(self.pre_mlp_norm(x))
-        return self.final_norm(x)
+        return self.final_norm(self.block(x, rope, k_cache, v_cache, batch, backend))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import Linear
+from .mlp import GatedMLP
 
 
 class SparseMoE(nn.Module):
@@ -31,8 +31,7 @@ class SparseMoE(nn.Module):
         self.router = nn.Parameter(router_w.float(), requires_grad=False)
         self.bias = nn.Parameter(torch.zeros(E) if bias is None else bias.float(),
                                  requires_grad=False)
-        self.experts_gate_up = nn.ModuleList(Linear(gate_up[e]) for e in range(E))
-        self.experts_down = nn.ModuleList(Linear(down[e]) for e in range(E))
+        self.experts = nn.ModuleList(GatedMLP(gate_up[e], down[e]) for e in range(E))
         self.top_k, self.n_group, self.topk_group = top_k, n_group, topk_group
         self.norm_topk_prob, self.scaling = norm_topk_prob, scaling
 
@@ -59,7 +58,6 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(x)
         for e in torch.unique(idx).tolist():          # ascending, as transformers iterates
             rows, slot = torch.where(idx == e)
-            g, u = self.experts_gate_up[e](x.index_select(0, rows)).chunk(2, dim=-1)
-            y = self.experts_down[e](F.silu(g) * u)
+            y = self.experts[e](x.index_select(0, rows))
             out.index_add_(0, rows, (y * weights[rows, slot, None]).to(out.dtype))
         return out

@@ -137,14 +137,14 @@ def test_unsupported_llama_configs_are_refused():
 
 
 def test_gguf_qk_unpermute_inverts_llama_cpp_permute():
-    from mimo.models.gguf_loader import _unpermute_qk
+    from mimo.models.llama import unpermute_qk
 
     def llama_cpp_permute(w, n_head):       # convert_hf_to_gguf.py LlamaModel.permute
         return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
                 .swapaxes(1, 2).reshape(w.shape))
 
     w = torch.randn(3 * 64, 40)
-    assert torch.equal(_unpermute_qk(llama_cpp_permute(w, 3), 3), w)
+    assert torch.equal(unpermute_qk(llama_cpp_permute(w, 3), 3), w)
     assert not torch.equal(llama_cpp_permute(w, 3), w)
 
 

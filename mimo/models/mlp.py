@@ -1,0 +1,36 @@
+"""The gated feed-forward block every family uses: down(act(gate(x)) * up(x)), with gate and
+up fused into one projection. Also the expert of `moe.SparseMoE`."""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import Linear
+
+# HF `hidden_act` spellings -> the function; gelu_pytorch_tanh is Gemma's.
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor, act: str = "silu"):
+        """gate_up [2I, H] (gate rows first, then up), down [H, I]."""
+        super().__init__()
+        if act not in ACTIVATIONS:
+            raise ValueError(f"unknown activation {act!r} (known: {', '.join(ACTIVATIONS)})")
+        self.gate_up = Linear(gate_up)
+        self.down = Linear(down)
+        self.act = ACTIVATIONS[act]
+
+    @classmethod
+    def load(cls, w: dict, prefix: str, dtype: torch.dtype, act: str = "silu") -> GatedMLP:
+        """From HF weights `{prefix}gate_proj`, `up_proj`, `down_proj` (e.g. `model.layers.3.mlp.`)."""
+        p = prefix
+        return cls(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]).to(dtype),
+                   w[p + "down_proj.weight"].to(dtype), act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g, u = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(self.act(g) * u)
