@@ -4,30 +4,29 @@
 
 The directory (config.json, model.safetensors, tokenizer.json, tokenizer_config.json with a
 chat template, generation_config.json) loads in transformers and is served by
-`mimo.LLM(DIR)` or `python server.py --model DIR`. Architectures are the modules of
-`mimo.models.tiny`, found by name: adding `tiny/<arch>.py` with a `write(out_dir, seed)`
-function makes ARCH available here.
+`mimo.LLM(DIR)` or `python server.py --model DIR`. ARCH is any family whose `ARCHITECTURE`
+names a tiny writer (`tiny=`, a `write(out_dir, seed)` function, by convention in
+`mimo.models.tiny.<arch>`).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
-import pkgutil
 import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from . import tiny
+from . import families
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(tiny.__path__) if not m.name.startswith("_"))
+    return sorted(a.name for a in families.architectures().values() if a.tiny is not None)
 
 
 def write(arch: str, out_dir: str | Path, seed: int = 0) -> Path:
-    if arch not in available():
+    family = families.by_name(arch)
+    if family is None or family.tiny is None:
         raise ConfigError(f"no tiny checkpoint writer for {arch!r}; available: {', '.join(available())}")
-    importlib.import_module(f"{tiny.__name__}.{arch}").write(Path(out_dir), seed)
+    family.tiny(Path(out_dir), seed)
     return Path(out_dir)
 
 

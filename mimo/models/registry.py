@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
+from . import families
 from .hf_config import model_config_from_hf, vision_preprocessing
 
 
@@ -97,25 +98,15 @@ def load(name: str, progress: bool = True) -> LoadedModel:
                 raise ModelNotFound(f"cannot read {pre}: {e}") from e
             cfg = dataclasses.replace(cfg, vision=vision_preprocessing(cfg.vision, pre_cfg))
         weights = hf_weights(path, progress)
-        if cfg.arch == "mimo_v2_flash":
-            # MTP layers: the checkpoint's weights decide, whatever the config declares.
-            from .mimo_v2_flash import mtp_layers_in
-            cfg = dataclasses.replace(cfg, num_mtp_layers=mtp_layers_in(weights))
+        finish = families.by_name(cfg.arch).from_weights
+        if finish is not None:
+            cfg = finish(cfg, weights)
         tok = Tokenizer.from_hf_dir(path)
     return LoadedModel(cfg, weights, tok, str(path))
 
 
 def build_model(cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
-    if cfg.arch == "gemma3":
-        from .gemma3 import Gemma3ForCausalLM
-        return Gemma3ForCausalLM(cfg, weights, dtype)
-    if cfg.arch == "llama":
-        from .llama import LlamaForCausalLM
-        return LlamaForCausalLM(cfg, weights, dtype)
-    if cfg.arch == "mimo_v2_flash":
-        from .mimo_v2_flash import MiMoV2FlashForCausalLM
-        return MiMoV2FlashForCausalLM(cfg, weights, dtype)
-    if cfg.arch == "qwen2_5_vl":
-        from .qwen2_5_vl import Qwen2_5_VLForConditionalGeneration
-        return Qwen2_5_VLForConditionalGeneration(cfg, weights, dtype)
-    raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
+    arch = families.by_name(cfg.arch)
+    if arch is None:
+        raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
+    return arch.model(cfg, weights, dtype)

@@ -1,5 +1,6 @@
-"""Tiny random-weight Hugging Face checkpoints, one module per architecture (the module name is
-the `python -m mimo.models.make_tiny ARCH` name). Each module exposes
+"""Tiny random-weight Hugging Face checkpoints, one module per architecture, named after it;
+the family's `ARCHITECTURE` names the writer (`python -m mimo.models.make_tiny ARCH`).
+Each module exposes
 
     write(out_dir: pathlib.Path, seed: int = 0) -> None
 
