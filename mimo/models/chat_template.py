@@ -223,14 +223,3 @@ class ChatTemplate:
         the rendered text encoded with add_special_tokens=False (the template wrote any BOS)."""
         return tokenizer.encode(self.render(messages, add_generation_prompt).text,
                                 add_special_tokens=False)
-
-
-def render_chat(tokenizer, messages, arch: str | None = None,
-                add_generation_prompt: bool = True) -> ChatPrompt:
-    return ChatTemplate.for_model(tokenizer, arch).render(messages, add_generation_prompt)
-
-
-def chat_prompt_ids(tokenizer, messages, arch: str | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
-    return ChatTemplate.for_model(tokenizer, arch).encode(tokenizer, messages,
-                                                          add_generation_prompt)

@@ -114,7 +114,7 @@ def test_greedy_output_equals_the_engine_in_process(vlm_client, vlm_dir, model):
     """The server's answer against a prompt built by hand: template text with the
     placeholder expanded to the grid's token count, the encoder run directly, MMPrompt."""
     from mimo import LLM, SamplingParams
-    from mimo.models.chat_template import chat_prompt_ids
+    from mimo.models.chat_template import ChatTemplate
     from mimo.multimodal.adapters.qwen2_5_vl import build_mm_prompt
     from mimo.multimodal.image import decode_image
     from mimo.multimodal.preprocess import ProcessorSettings, preprocess_images
@@ -124,9 +124,8 @@ def test_greedy_output_equals_the_engine_in_process(vlm_client, vlm_dir, model):
     llm = LLM(str(vlm_dir), dtype="float32", kv_cache_memory="16MiB", progress=False)
     vc, tok = llm.engine.model_config.vision, llm.tokenizer
     (p,) = preprocess_images([decode_image(path.read_bytes(), 1 << 30)], ProcessorSettings())
-    ids = chat_prompt_ids(tok, [{"role": "user", "content":
-                                 "<|vision_start|><|image_pad|><|vision_end|>" + ASK["text"]}],
-                          arch="qwen2_5_vl")
+    ids = ChatTemplate.for_model(tok, "qwen2_5_vl").encode(tok, [{"role": "user", "content":
+        "<|vision_start|><|image_pad|><|vision_end|>" + ASK["text"]}])
     at = ids.index(vc.image_token_id)
     ids = ids[:at] + [vc.image_token_id] * p.num_tokens + ids[at + 1:]
     mmp = build_mm_prompt(ids, vc, image_embeds=[llm.engine.model.encode(p.pixel_values,

@@ -6,9 +6,16 @@ from pathlib import Path
 import pytest
 
 from mimo.models.chat_template import (GEMMA3_TEMPLATE, ChatTemplate, ChatTemplateError,
-                                       InvalidMessages, NoChatTemplate, TemplateRejected,
-                                       chat_prompt_ids, render_chat)
+                                       InvalidMessages, NoChatTemplate, TemplateRejected)
 from mimo.models.tokenizer import Tokenizer
+
+
+def render_chat(tokenizer, messages, arch=None, add_generation_prompt=True):
+    return ChatTemplate.for_model(tokenizer, arch).render(messages, add_generation_prompt)
+
+
+def chat_prompt_ids(tokenizer, messages, arch=None, add_generation_prompt=True):
+    return ChatTemplate.for_model(tokenizer, arch).encode(tokenizer, messages, add_generation_prompt)
 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],

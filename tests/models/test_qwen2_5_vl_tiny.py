@@ -7,7 +7,7 @@ import torch
 
 from mimo import LLM
 from mimo.models import registry
-from mimo.models.chat_template import chat_prompt_ids
+from mimo.models.chat_template import ChatTemplate
 from mimo.models.tiny import qwen2_5_vl as tiny
 from mimo.multimodal.adapters.qwen2_5_vl import build_mm_prompt
 from mimo.multimodal.mm_prompt import MMPrompt
@@ -42,7 +42,7 @@ def test_tokenizer_and_chat_template_match_transformers(tiny_dir):
     msgs = [{"role": "user", "content": "What is in this picture? 42"}]
     want = ref.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
     want = want["input_ids"] if isinstance(want, dict) or hasattr(want, "keys") else want
-    assert chat_prompt_ids(tok, msgs, arch="qwen2_5_vl") == list(want)
+    assert ChatTemplate.for_model(tok, "qwen2_5_vl").encode(tok, msgs) == list(want)
     assert tok.token_to_id("<|im_end|>") in tok.eos_token_ids
 
 
