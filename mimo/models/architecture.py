@@ -16,7 +16,6 @@ from torch import nn
 from ..config import ModelConfig
 from .gguf_file import GGUFFile
 
-
 # llama.cpp's names of a decoder layer's tensors (blk.{i}.<name>.weight) that every family
 # spells alike; a family adds its own norms (whose meaning differs between families).
 GGUF_LAYER_NAMES = {

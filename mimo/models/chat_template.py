@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable
+from typing import Any
 
 ROLES = ("system", "user", "assistant")
 
@@ -186,7 +187,7 @@ class ChatTemplate:
         self._template = _compile(source)
 
     @classmethod
-    def for_model(cls, tokenizer, arch: str | None = None) -> "ChatTemplate":
+    def for_model(cls, tokenizer, arch: str | None = None) -> ChatTemplate:
         """The tokenizer's template, else the built-in one for `arch` (ModelConfig.arch)."""
         def token(i):
             return tokenizer.id_to_token(i) if i is not None else None

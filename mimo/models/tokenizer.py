@@ -28,14 +28,17 @@ _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+          r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+          r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Byte-level vocabularies were trained on text split by a model-specific regex; `tokenizer.ggml.pre`
 # names it. Names not listed keep GPT-2's split, as transformers does.
 _PRE_SPLITS = {**dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "dbrx",
                                  "smaug-bpe", "lfm2"), _LLAMA3),
-               **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2), "gpt-4o": _GPT4O, "llama4": _GPT4O}
+               **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), _QWEN2),
+               "gpt-4o": _GPT4O, "llama4": _GPT4O}
 
 
 
@@ -51,7 +54,8 @@ def _merges_from_vocab(vocab: dict[str, int], scores: dict[str, float] | None) -
     (best score first, then longer left piece). With `scores=None` file position is the rank, which
     needs no sort: the fast path that keeps a 262k vocabulary at ~1 s."""
     if scores is None:
-        return [(t[:k], t[k:]) for t in vocab for k in range(len(t) - 1, 0, -1) if t[:k] in vocab and t[k:] in vocab]
+        return [(t[:k], t[k:]) for t in vocab for k in range(len(t) - 1, 0, -1)
+                if t[:k] in vocab and t[k:] in vocab]
     merges = []
     for token, score in scores.items():
         local = [(token[:k], token[k:], score) for k in range(1, len(token))
@@ -76,11 +80,13 @@ def _sentencepiece_backend(md: Mapping[str, Any], arch: str) -> tuple[_Backend, 
         merges = _merges_from_vocab(vocab, None)
     else:
         if "tokenizer.ggml.scores" not in md:
-            raise ValueError("GGUF sentencepiece tokenizer has neither tokenizer.ggml.merges nor tokenizer.ggml.scores")
+            raise ValueError("GGUF sentencepiece tokenizer has neither tokenizer.ggml.merges "
+                             "nor tokenizer.ggml.scores")
         merges = _merges_from_vocab(vocab, dict(zip(tokens, md["tokenizer.ggml.scores"])))
     unk_id = md.get("tokenizer.ggml.unknown_token_id")
     unk = tokens[unk_id] if unk_id is not None else ("<unk>" if gemma else None)
-    tok = _Backend(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True, dropout=None))
+    tok = _Backend(BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
+                       byte_fallback=True, dropout=None))
     steps = [decoders.Replace(_SPIECE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if gemma:
         # Gemma never prepends a space (HF's GemmaTokenizer), whatever add_space_prefix says.
@@ -88,7 +94,8 @@ def _sentencepiece_backend(md: Mapping[str, Any], arch: str) -> tuple[_Backend, 
         tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     elif arch == "phi3":
         # Phi-3 prefixes the space in the normalizer, which also spaces text that starts with one.
-        tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPIECE), normalizers.Replace(" ", _SPIECE)])
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend(_SPIECE),
+                                               normalizers.Replace(" ", _SPIECE)])
         steps.append(decoders.Strip(" ", 1, 0))
     else:
         # llama.cpp's flag; transformers ignores it and always prepends, which is the default when absent.
@@ -144,11 +151,13 @@ class Tokenizer:
         if isinstance(source, (str, os.PathLike)):
             md = read_gguf_metadata(source)
         elif hasattr(source, "fields"):  # gguf.GGUFReader
-            md = {k: f.contents() for k, f in source.fields.items() if k.startswith(("tokenizer.", "general."))}
+            md = {k: f.contents() for k, f in source.fields.items()
+                  if k.startswith(("tokenizer.", "general."))}
         elif isinstance(source, Mapping):
             md = source
         else:
-            raise TypeError(f"from_gguf expects a path, a gguf.GGUFReader or a metadata mapping, got {type(source)}")
+            raise TypeError(f"from_gguf expects a path, a gguf.GGUFReader or a metadata mapping, "
+                            f"got {type(source)}")
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in md:
                 raise ValueError(f"GGUF metadata has no {key}; cannot build a tokenizer")
@@ -160,7 +169,8 @@ class Tokenizer:
         else:
             raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'llama', 'gpt2')")
 
-        ids = {name: md.get(f"tokenizer.ggml.{name}_token_id") for name in ("bos", "eos", "unknown", "padding")}
+        ids = {name: md.get(f"tokenizer.ggml.{name}_token_id")
+               for name in ("bos", "eos", "unknown", "padding")}
         types = list(md.get("tokenizer.ggml.token_type", []))
         # Control tokens must match whole and be dropped on decode; a byte-level control token
         # spelled outside the byte alphabet is a converter mislabel that the model never saw.
@@ -185,7 +195,8 @@ class Tokenizer:
 
     @classmethod
     def from_hf_dir(cls, path: str | os.PathLike) -> Tokenizer:
-        """From a directory holding tokenizer.json (+ optional tokenizer_config.json, special_tokens_map.json)."""
+        """From a directory holding tokenizer.json (+ optional tokenizer_config.json,
+        special_tokens_map.json)."""
         tok_file = Path(path, "tokenizer.json")
         if not tok_file.is_file():
             raise FileNotFoundError(f"{path} has no tokenizer.json")

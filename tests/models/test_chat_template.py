@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from mimo.models.chat_template import (GEMMA3_TEMPLATE, ChatTemplate, ChatTemplateError,
-                                       InvalidMessages, NoChatTemplate, TemplateRejected)
+from mimo.models.chat_template import (
+    GEMMA3_TEMPLATE,
+    ChatTemplate,
+    ChatTemplateError,
+    InvalidMessages,
+    NoChatTemplate,
+    TemplateRejected,
+)
 from mimo.models.tokenizer import Tokenizer
 
 

@@ -2,8 +2,8 @@
 config, float32): same logits at every position, whatever the chunking."""
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 
 

@@ -32,8 +32,10 @@ def _weights(seed=0):
     for i, t in enumerate(TYPES):
         hkv, d, dv = SHAPES[t]
         p = f"model.layers.{i}."
-        w |= {p + "self_attn.q_proj.weight": r(HQ * d, HIDDEN), p + "self_attn.k_proj.weight": r(hkv * d, HIDDEN),
-              p + "self_attn.v_proj.weight": r(hkv * dv, HIDDEN), p + "self_attn.o_proj.weight": r(HIDDEN, HQ * dv),
+        w |= {p + "self_attn.q_proj.weight": r(HQ * d, HIDDEN),
+              p + "self_attn.k_proj.weight": r(hkv * d, HIDDEN),
+              p + "self_attn.v_proj.weight": r(hkv * dv, HIDDEN),
+              p + "self_attn.o_proj.weight": r(HIDDEN, HQ * dv),
               p + "self_attn.q_norm.weight": r(d), p + "self_attn.k_norm.weight": r(d),
               p + "mlp.gate_proj.weight": r(INTER, HIDDEN), p + "mlp.up_proj.weight": r(INTER, HIDDEN),
               p + "mlp.down_proj.weight": r(HIDDEN, INTER)}
@@ -80,7 +82,8 @@ def plain_forward(w, ids):
         o = a.transpose(0, 1).reshape(T, HQ * dv) @ w[p + "self_attn.o_proj.weight"].T
         x = x + _norm(o, w[p + "post_attention_layernorm.weight"])
         h = _norm(x, w[p + "pre_feedforward_layernorm.weight"])
-        m = F.gelu(h @ w[p + "mlp.gate_proj.weight"].T, approximate="tanh") * (h @ w[p + "mlp.up_proj.weight"].T)
+        m = (F.gelu(h @ w[p + "mlp.gate_proj.weight"].T, approximate="tanh")
+             * (h @ w[p + "mlp.up_proj.weight"].T))
         x = x + _norm(m @ w[p + "mlp.down_proj.weight"].T, w[p + "post_feedforward_layernorm.weight"])
     return _norm(x, w["model.norm.weight"]) @ w["model.embed_tokens.weight"].T
 

@@ -9,8 +9,8 @@ import importlib.util
 
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf
+
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError
 from mimo.models.hf_config import model_config_from_hf

@@ -110,7 +110,8 @@ def test_old_checkpoint_layout_loads_the_same(tiny_dir, tmp_path):
     sa, sb = a.state_dict(), b.state_dict()
     assert set(sa) == set(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert list(b.config.text_config.rope_parameters["mrope_section"]) == [2, 3, 3]
-    assert b.config.text_config.rope_parameters["rope_theta"] == a.config.text_config.rope_parameters["rope_theta"]
+    ra, rb = a.config.text_config.rope_parameters, b.config.text_config.rope_parameters
+    assert rb["rope_theta"] == ra["rope_theta"]
 
 
 def test_bfloat16_serving_path_runs_a_video_prompt(tiny_dir):
@@ -131,9 +132,10 @@ def test_bfloat16_serving_path_runs_a_video_prompt(tiny_dir):
 
 
 def test_text_model_refuses_media(tiny_dir):
-    from mimo.engine.engine import RequestError
     from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
     from mimo import SamplingParams
+    from mimo.engine.engine import RequestError
     llm = LLM("tiny", loaded=loaded_from_hf(tiny_gemma3_hf()), dtype="float32",
               kv_cache_memory="4MiB", progress=False)
     mmp = MMPrompt(torch.zeros(3, 2, dtype=torch.int64), 0, torch.zeros(0, dtype=torch.int64),

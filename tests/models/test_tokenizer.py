@@ -150,7 +150,8 @@ def test_gemma_specifics():
     ours = Tokenizer.from_gguf(_gemma_gguf())
     end_of_turn = ours.token_to_id("<end_of_turn>")
     assert ours.eos_token_ids == {ours.eos_token_id, end_of_turn}
-    assert ours.encode("<start_of_turn>user\n", add_special_tokens=False)[0] == ours.token_to_id("<start_of_turn>")
+    start = ours.token_to_id("<start_of_turn>")
+    assert ours.encode("<start_of_turn>user\n", add_special_tokens=False)[0] == start
     # characters outside the vocabulary fall back to their UTF-8 bytes rather than to <unk>
     pieces = [ours.id_to_token(i) for i in ours.encode("\U0001d54f", add_special_tokens=False)]
     assert pieces == ["<0xF0>", "<0x9D>", "<0x95>", "<0x8F>"]
@@ -182,7 +183,8 @@ def test_from_hf_dir_config_flags(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(
         '{"add_bos_token": true, "bos_token": {"content": "<|endoftext|>"}, "chat_template": '
         '[{"name": "default", "template": "T"}, {"name": "tool_use", "template": "U"}]}')
-    (tmp_path / "special_tokens_map.json").write_text('{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}')
+    (tmp_path / "special_tokens_map.json").write_text(
+        '{"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}')
     tok = Tokenizer.from_hf_dir(tmp_path)
     assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 2, 0)
     assert tok.encode("hi")[0] == 0 and tok.encode("hi", add_special_tokens=False)[0] != 0

@@ -82,7 +82,7 @@ def _text_weights(text: dict, vocab: int, gen: torch.Generator) -> dict[str, tor
         return 1.0 + rnd(n, std=0.1)
 
     w: dict[str, torch.Tensor] = {}
-    H, I, heads, kv = (text[k] for k in ("hidden_size", "intermediate_size",
+    H, inter, heads, kv = (text[k] for k in ("hidden_size", "intermediate_size",
                                          "num_attention_heads", "num_key_value_heads"))
     hd = H // heads
     lm = "model.language_model."
@@ -93,9 +93,9 @@ def _text_weights(text: dict, vocab: int, gen: torch.Generator) -> dict[str, tor
             w[p + f"self_attn.{n}.weight"] = rnd(rows, H)
             w[p + f"self_attn.{n}.bias"] = rnd(rows)
         w[p + "self_attn.o_proj.weight"] = rnd(H, heads * hd)
-        w[p + "mlp.gate_proj.weight"] = rnd(I, H)
-        w[p + "mlp.up_proj.weight"] = rnd(I, H)
-        w[p + "mlp.down_proj.weight"] = rnd(H, I)
+        w[p + "mlp.gate_proj.weight"] = rnd(inter, H)
+        w[p + "mlp.up_proj.weight"] = rnd(inter, H)
+        w[p + "mlp.down_proj.weight"] = rnd(H, inter)
         w[p + "input_layernorm.weight"] = norm(H)
         w[p + "post_attention_layernorm.weight"] = norm(H)
     w[lm + "norm.weight"] = norm(H)
