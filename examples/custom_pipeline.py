@@ -5,7 +5,8 @@
 Without FOLDER it makes a small one in a temporary directory. No model, no network: the
 "embedding model" is a hashing trick, standing in for a real encoder's batched forward.
 
-It shows the three kinds of stage a user writes:
+Each request is a typed `Request` subclass (Doc): every stage reads the fields it needs and
+fills the ones it declares. It shows the three kinds of stage a user writes:
   * a Stage (per request, bounded concurrency): ReadFile, and a plain async function;
   * a BatchStage (cross-request batching under a size and a token budget): Embed;
   * streaming stages (many outputs per request, produced on another thread, the way the
@@ -20,30 +21,38 @@ import pathlib
 import sys
 import tempfile
 import threading
+from dataclasses import dataclass, field
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # run from a checkout
-from mimo.pipeline import (BatchStage, InvalidRequest, Pipeline, PipelineError, Request,
-                           Stage)
+from mimo.pipeline import BatchStage, InvalidRequest, Pipeline, PipelineError, Request, Stage
 
 DIM = 16
 
 
+@dataclass(eq=False, kw_only=True)
+class Doc(Request):
+    path: str
+    text: str = ""                                    # ReadFile fills it
+    words: list[str] = field(default_factory=list)    # tokenize fills it
+    batch: int = 0                                    # Embed: which batch it rode in
+
+
 class ReadFile(Stage):
-    """Reads req.data['path']. File I/O blocks, so it runs in a thread; at most 4 at once."""
+    """Reads req.path into req.text. File I/O blocks, so it runs in a thread; at most 4 at
+    once."""
     max_concurrency = 4
 
-    async def process(self, req):
-        path = pathlib.Path(req.data["path"])
+    async def process(self, req: Doc):
+        path = pathlib.Path(req.path)
         try:
-            return await asyncio.to_thread(path.read_text, encoding="utf-8")
+            req.text = await asyncio.to_thread(path.read_text, encoding="utf-8")
         except UnicodeDecodeError:
-            raise InvalidRequest(f"{path.name} is not UTF-8 text")   # a client fault, a 400
+            raise InvalidRequest(f"{path.name} is not UTF-8 text") from None   # a client fault
 
 
-async def tokenize(req):
-    """A bare async function is a stage too (named 'tokenize'); its result lands in
-    req.data['tokenize']."""
-    return [w.strip(".,;:!?\"'()").lower() for w in req.data["read_file"].split()]
+async def tokenize(req: Doc):
+    """A bare async function is a stage too (named 'tokenize')."""
+    req.words = [w.strip(".,;:!?\"'()").lower() for w in req.text.split()]
 
 
 class Embed(BatchStage):
@@ -57,14 +66,14 @@ class Embed(BatchStage):
         super().__init__()
         self.batch_sizes: list[int] = []
 
-    def cost(self, req):
-        return len(req.data["tokenize"])
+    def cost(self, req: Doc):
+        return len(req.words)
 
-    async def process_batch(self, reqs):
+    async def process_batch(self, reqs: list[Doc]):
         self.batch_sizes.append(len(reqs))
         for r in reqs:
-            r.data["batch"] = len(self.batch_sizes)
-        docs = [r.data["tokenize"] for r in reqs]
+            r.batch = len(self.batch_sizes)
+        docs = [r.words for r in reqs]
         vectors = await asyncio.to_thread(_embed_many, docs)   # the "model" off the loop
         # An exception in a slot fails that document only; the rest of the batch succeeds.
         return [v if v is not None else InvalidRequest("empty document") for v in vectors]
@@ -90,13 +99,13 @@ class Typewriter(Stage):
     produces tokens). Items cross to the event loop with call_soon_threadsafe; when the
     request is cancelled or the consumer stops, `finally` tells the thread to stop."""
 
-    async def process(self, req):
+    async def process(self, req: Doc):
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         stop = threading.Event()
 
         def produce():
-            for w in req.data["tokenize"]:
+            for w in req.words:
                 if stop.wait(0.001):             # pretend each word takes work
                     return
                 loop.call_soon_threadsafe(q.put_nowait, w)
@@ -146,7 +155,7 @@ async def main(folder: pathlib.Path) -> None:
     paths = sorted(p for p in folder.iterdir() if p.is_file())
     embed = Embed()
     async with Pipeline([ReadFile(), tokenize, embed], max_in_flight=32) as pipeline:
-        reqs = [Request(data={"path": str(p)}) for p in paths]
+        reqs = [Doc(path=str(p)) for p in paths]
         results = await asyncio.gather(*(pipeline.run(r) for r in reqs),
                                        return_exceptions=True)
 
@@ -158,7 +167,7 @@ async def main(folder: pathlib.Path) -> None:
             continue
         ok[path.name] = res
         t = req.timings["embed"]
-        print(f"  {path.name:12s} {len(req.data['tokenize']):3d} tokens  batch {req.data['batch']}"
+        print(f"  {path.name:12s} {len(req.words):3d} tokens  batch {req.batch}"
               f"  waited {t.waited * 1000:5.1f} ms  vector[:3] = "
               + ", ".join(f"{x:+.2f}" for x in res[:3]))
 
@@ -171,7 +180,7 @@ async def main(folder: pathlib.Path) -> None:
     async with Pipeline([ReadFile(), tokenize, Typewriter(), Shout()]) as pipeline:
         first = folder / "sea.txt" if (folder / "sea.txt").exists() else paths[0]
         print(f"streaming {first.name}:", end="")
-        async for word in pipeline.stream(Request(data={"path": str(first)})):
+        async for word in pipeline.stream(Doc(path=str(first))):
             print(" " + word, end="", flush=True)
         print()
 

@@ -35,9 +35,8 @@ async def embed_folder(folder: pathlib.Path, model_dir: str) -> tuple[list, list
     from mimo.multimodal.config import MediaConfig
     from mimo.multimodal.embed_cache import EmbedCache
     from mimo.multimodal.item import MediaItem
-    from mimo.pipeline import Pipeline, Request
-    from mimo.stages import DecodeMedia, Fetch, Preprocess
-    from mimo.stages.encode import EncodeStage
+    from mimo.pipeline import Pipeline
+    from mimo.stages import ChatRequest, DecodeMedia, EncodeStage, Fetch, Preprocess
 
     loaded = registry.load(model_dir, progress=False)
     adapter = adapter_for(loaded.config)     # the vision family's settings and tower
@@ -48,7 +47,7 @@ async def embed_folder(folder: pathlib.Path, model_dir: str) -> tuple[list, list
 
     async def pool(req):
         """Mean-pool each item's merged patch embeddings into one vector."""
-        return [e.mean(dim=0) for e in req.data["encode"]]
+        return [e.mean(dim=0) for e in req.embeds]
 
     encode = EncodeStage(adapter.encoder(model), patch_dim=adapter.patch_dim,
                          merge=adapter.merge, cache=EmbedCache(256 << 20))
@@ -59,7 +58,7 @@ async def embed_folder(folder: pathlib.Path, model_dir: str) -> tuple[list, list
     if not paths:
         raise SystemExit(f"no images in {folder}")
     try:
-        reqs = [Request(data={"media": [MediaItem("image", str(p.resolve()))]}) for p in paths]
+        reqs = [ChatRequest(media=[MediaItem("image", str(p.resolve()))]) for p in paths]
         outs = await asyncio.gather(*(pipe.run(r) for r in reqs))
     finally:
         await pipe.close()

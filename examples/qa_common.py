@@ -33,13 +33,12 @@ async def ask_local(model: str, kind: str, path: str, question: str, max_tokens:
                     dtype: str | None = None) -> str:
     """The server's pipeline without HTTP: same parsing, stages and engine."""
     from mimo.api import schemas
-    from mimo.api.chat_pipeline import build_chat_pipeline
+    from mimo.api.chat_pipeline import build_chat_pipeline, chat_request
     from mimo.config import ServerConfig
     from mimo.engine.async_engine import AsyncEngine
     from mimo.engine.engine import LLMEngine
     from mimo.llm import engine_config
     from mimo.multimodal.config import MediaConfig
-    from mimo.pipeline import Request
     local = pathlib.Path(path).expanduser()
     media = MediaConfig(allowed_media_dirs=(str(local.resolve().parent),) if local.exists() else ())
     url = str(local.resolve()) if local.exists() else path
@@ -51,7 +50,7 @@ async def ask_local(model: str, kind: str, path: str, question: str, max_tokens:
     spec = schemas.parse("chat", body, engine.engine.max_model_len, multimodal=chat.multimodal)
     engine.start()
     try:
-        out = await chat.pipeline.run(Request(data={"spec": spec, "media": spec.media}))
+        out = await chat.pipeline.run(chat_request(spec))
     finally:
         await chat.pipeline.close(timeout=1.0)
         await engine.stop()

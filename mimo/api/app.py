@@ -1,6 +1,6 @@
 """The OpenAI-compatible HTTP app (starlette). Handlers parse, run the stage pipeline
-(chat_pipeline.py: tokenize -> [media stages] -> generate -> detokenize) and shape OpenAI
-responses; errors go through
+(chat_pipeline.py: [media stages] -> prompt -> generate -> detokenize) on a typed
+ChatRequest, read usage and timings from it and shape OpenAI responses; errors go through
 `errors.error_response`, the one place exceptions become HTTP."""
 from __future__ import annotations
 
@@ -19,16 +19,16 @@ from starlette.routing import Route
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
 from ..multimodal.config import MediaConfig
-from ..pipeline import Request
+from ..stages import ChatRequest
 from . import schemas
-from .chat_pipeline import build_chat_pipeline
-from .errors import APIError, bad_request, error_response
+from .chat_pipeline import build_chat_pipeline, chat_request
+from .errors import APIError, bad_request, error_body, error_response, to_api_error
 from .metrics import Metrics
 
 
 class Server:
     def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str,
-                 media: MediaConfig = MediaConfig()):
+                 media: MediaConfig | None = None):
         self.cfg = cfg
         self.engine = engine
         self.model_name = cfg.served_model_name or model_name
@@ -120,7 +120,7 @@ class Server:
             if spec.model != self.model_name:
                 raise APIError(404, f"model {spec.model!r} does not exist; this server serves "
                                     f"{self.model_name!r}", code="model_not_found", param="model")
-            req = Request(data={"spec": spec, "media": spec.media})
+            req = chat_request(spec)
             stream = self.pipeline.stream(req)
             t0 = time.perf_counter()
             try:
@@ -155,28 +155,20 @@ class Server:
         return Response(status_code=499)
 
     @staticmethod
-    def _prompt_len(req) -> int:
-        """Prompt tokens as the model sees them: media placeholders expanded."""
-        mm = req.data.get("mm_prompt")
-        return len(mm[0]) if mm else len(req.data.get("tokenize") or [])
+    def _usage(req: ChatRequest) -> dict:
+        u = req.usage
+        return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
-    def _usage(self, req) -> dict:
-        prompt = self._prompt_len(req)
-        done = req.data.get("completion_tokens", 0)
-        es = req.data.get("engine_stream")
-        cached = es.cached_tokens if es is not None else 0
-        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-                "prompt_tokens_details": {"cached_tokens": cached}}
-
-    def _account(self, req) -> None:
+    def _account(self, req: ChatRequest) -> None:
         """Count a finished request's tokens and queue wait (once, streamed or not)."""
-        es = req.data.get("engine_stream")
-        self.metrics.prompt_tokens.inc(self._prompt_len(req))
-        self.metrics.generation_tokens.inc(req.data.get("completion_tokens", 0))
-        if es is not None:
-            self.metrics.cached_tokens.inc(es.cached_tokens)
-            if es.seq.queue_wait is not None:
-                self.metrics.observe_queue_wait(es.seq.queue_wait)
+        u = req.usage
+        self.metrics.prompt_tokens.inc(u.prompt_tokens)
+        self.metrics.generation_tokens.inc(u.completion_tokens)
+        self.metrics.cached_tokens.inc(u.cached_tokens)
+        if req.engine_queue_wait is not None:
+            self.metrics.observe_queue_wait(req.engine_queue_wait)
 
     async def _collect(self, stream, first):
         text, finish = [], None
@@ -249,7 +241,6 @@ class Server:
             status = "200"
             yield b"data: [DONE]\n\n"
         except Exception as e:  # noqa: BLE001 - headers are out: report in-band, then end
-            from .errors import error_body, to_api_error
             err = to_api_error(e)
             status = str(err.status)
             yield _event(error_body(err))

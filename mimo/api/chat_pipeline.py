@@ -1,10 +1,11 @@
-"""The chat pipeline a server runs, composed from the stages by the model's kind.
+"""The chat pipeline a server runs, composed from the stages by the model's kind, and the
+typed request it runs (`chat_request(spec)`).
 
-Text-only model: tokenize -> generate -> detokenize. Vision-language model: tokenize (with
-media placeholders) -> fetch -> decode_media -> preprocess (on the serving device) ->
-encode (batched across requests, embedding cache first; with `encoder_workers` > 1 in
-worker processes routed by the hash ring, each with its own cache) -> mm_prompt
-(placeholders expanded, MMPrompt built) -> generate -> detokenize. A request without media
+Text-only model: prompt -> generate -> detokenize. Vision-language model: fetch ->
+decode_media -> preprocess (on the serving device) -> encode (batched across requests,
+embedding cache first; with `encoder_workers` > 1 in worker processes routed by the hash
+ring, each with its own cache) -> prompt (template, tokens, media placeholders expanded,
+MMPrompt built: once, after the encoder) -> generate -> detokenize. A request without media
 passes the media stages with nothing to do. What is particular to the model's vision family
 comes from its `VisionAdapter` (mimo.multimodal.adapter_for).
 """
@@ -21,8 +22,17 @@ from ..multimodal.config import MediaConfig
 from ..multimodal.embed_cache import EmbedCache
 from ..multimodal.encoder_pool import EncoderPool
 from ..pipeline import Pipeline
-from ..stages import DecodeMedia, Detokenize, Fetch, Generate, MediaPrompt, Preprocess, Tokenize
-from ..stages.encode import EncodeStage
+from ..stages import (
+    BuildPrompt,
+    ChatRequest,
+    DecodeMedia,
+    Detokenize,
+    EncodeStage,
+    Fetch,
+    Generate,
+    Preprocess,
+)
+from .schemas import GenerationSpec
 
 
 @dataclass
@@ -36,14 +46,21 @@ class ChatPipeline:
         return self.encode is not None
 
 
+def chat_request(spec: GenerationSpec) -> ChatRequest:
+    """The pipeline's request for a parsed OpenAI body."""
+    return ChatRequest(params=spec.params, messages=spec.messages, text=spec.prompt,
+                       token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media)
+
+
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
-                        media: MediaConfig = MediaConfig()) -> ChatPipeline:
+                        media: MediaConfig | None = None) -> ChatPipeline:
     eng = engine.engine
+    media = media or MediaConfig()
     rt = eng.config.runtime
     adapter: VisionAdapter | None = adapter_for(eng.model_config)
     limits = dict(name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
     if adapter is None:
-        stages = [Tokenize(eng.tokenizer, eng.model_config.arch), Generate(engine),
+        stages = [BuildPrompt(eng.tokenizer, eng.model_config.arch), Generate(engine),
                   Detokenize(eng.tokenizer)]
         return ChatPipeline(Pipeline(stages, **limits), None, None)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
@@ -57,8 +74,7 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
                            cfg.embed_cache_bytes, threads)
     encode = EncodeStage(adapter.encoder(eng.model), patch_dim=adapter.patch_dim,
                          merge=adapter.merge, cache=cache, pool=pool)
-    placeholders = {k: adapter.placeholder_text(eng.tokenizer, k) for k in adapter.kinds}
-    stages = [Tokenize(eng.tokenizer, eng.model_config.arch, placeholders),
-              Fetch(media), DecodeMedia(media), Preprocess(settings, rt.device), encode,
-              MediaPrompt(adapter), Generate(engine), Detokenize(eng.tokenizer)]
+    stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, rt.device), encode,
+              BuildPrompt(eng.tokenizer, eng.model_config.arch, adapter), Generate(engine),
+              Detokenize(eng.tokenizer)]
     return ChatPipeline(Pipeline(stages, **limits), encode, cache)

@@ -1,17 +1,37 @@
 """Every error a client can see, mapped to HTTP in exactly this one place.
 
+Stages do not translate errors: a typed client fault raised inside one (bad media, a prompt
+the engine refuses, a template that cannot render, placeholders typed in the text) reaches
+here as the `cause` of the pipeline's `StageError` and becomes a 400. Any other exception a
+stage raises is a bug or a server fault: a 500 with a generic message, its traceback logged
+here. Client messages never carry the pipeline's stage tags.
+
 Bodies use OpenAI's error shape: {"error": {"message", "type", "param", "code"}}.
 """
 from __future__ import annotations
 
+import logging
+
 from starlette.responses import JSONResponse
 
-from ..config import ConfigError
 from ..engine.engine import EngineStopped, RequestError
-from ..multimodal.errors import MediaError
 from ..models.chat_template import ChatTemplateError
-from ..pipeline.errors import (InvalidRequest, Overloaded, PipelineClosed, PipelineError,
-                               RequestCancelled, StageError)
+from ..multimodal.errors import MediaError
+from ..multimodal.placeholders import PlaceholderMismatch
+from ..pipeline.errors import (
+    InvalidRequest,
+    Overloaded,
+    PipelineClosed,
+    PipelineError,
+    RequestCancelled,
+    StageError,
+)
+
+log = logging.getLogger("mimo.api")
+
+# The client's faults, by type: each is raised for bad input only, never for a bug.
+CLIENT_FAULTS: tuple[type[BaseException], ...] = (
+    MediaError, RequestError, ChatTemplateError, PlaceholderMismatch, InvalidRequest)
 
 
 class APIError(Exception):
@@ -27,32 +47,41 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+def _client_fault(e: BaseException) -> APIError:
+    if isinstance(e, MediaError):       # bad URL, bytes or size: the client's media
+        return bad_request(str(e), "messages", "invalid_media")
+    if isinstance(e, PipelineError):
+        return bad_request(e.message)
+    return bad_request(str(e))
+
+
+def _internal(e: BaseException, where: str | None) -> APIError:
+    log.error("request failed%s", f" in stage {where!r}" if where else "",
+              exc_info=(type(e), e, e.__traceback__))
+    return APIError(500, "internal error while processing the request", "server_error")
+
+
 def to_api_error(e: BaseException) -> APIError:
     if isinstance(e, APIError):
         return e
     if isinstance(e, StageError):
-        cause = e.__cause__ or getattr(e, "cause", None)
-        if cause is not None and not isinstance(cause, StageError):
-            inner = to_api_error(cause)
-            if inner.status != 500:     # the client's fault, or a known server state
-                return inner
-        return APIError(500, "internal error while processing the request", "server_error")
-    if isinstance(e, MediaError):       # bad URL, bytes or size: the client's media
-        return bad_request(str(e), "messages", "invalid_media")
-    if isinstance(e, (RequestError, ChatTemplateError, InvalidRequest, ConfigError, ValueError,
-                      TypeError)):
-        return bad_request(str(e))
+        cause = e.cause
+        if isinstance(cause, CLIENT_FAULTS):
+            return _client_fault(cause)
+        if isinstance(cause, EngineStopped):
+            return to_api_error(cause)
+        return _internal(cause, e.stage)
+    if isinstance(e, CLIENT_FAULTS):
+        return _client_fault(e)
     if isinstance(e, EngineStopped):
         return APIError(503, "the engine stopped after an internal error; the server is "
                              "shutting down", "server_error", code="engine_stopped")
     if isinstance(e, (Overloaded, PipelineClosed)):
-        return APIError(503, str(e) or "server overloaded, retry later", "server_error",
+        return APIError(503, e.message or "server overloaded, retry later", "server_error",
                         code="overloaded")
     if isinstance(e, RequestCancelled):
         return APIError(499, "request cancelled", "invalid_request_error", code="cancelled")
-    if isinstance(e, PipelineError):
-        return APIError(500, str(e), "server_error")
-    return APIError(500, "internal server error", "server_error")
+    return _internal(e, getattr(e, "stage", None))
 
 
 def error_body(err: APIError) -> dict:

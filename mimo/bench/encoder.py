@@ -74,14 +74,14 @@ def _sizes(text: str) -> list[tuple[int, int]]:
 
 
 async def _run_mode(stage, media, concurrency: int) -> tuple[float, list[float]]:
-    from ..pipeline import Request
+    from ..stages import ChatRequest
     queue = list(range(len(media)))
     latencies: list[float] = []
 
     async def client():
         while queue:
             i = queue.pop()
-            req = Request(data={"preprocess": [media[i]]})
+            req = ChatRequest(preprocessed=[media[i]])
             t0 = time.perf_counter()
             await stage.run(req)
             latencies.append(time.perf_counter() - t0)

@@ -14,11 +14,19 @@ from dataclasses import dataclass
 import torch
 
 
+def content_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 def media_key(data: bytes, settings_fingerprint: str, extra: str = "") -> str:
     """Cache key for `data` under the given processor settings. `extra` carries anything
     else that changes the pixels (a video's fps, frame count or stream)."""
-    h = hashlib.sha256(data).hexdigest()
-    return f"{h}:{settings_fingerprint}" + (f":{extra}" if extra else "")
+    return digest_key(content_digest(data), settings_fingerprint, extra)
+
+
+def digest_key(digest: str, settings_fingerprint: str, extra: str = "") -> str:
+    """`media_key` from the bytes' `content_digest`."""
+    return f"{digest}:{settings_fingerprint}" + (f":{extra}" if extra else "")
 
 
 @dataclass

@@ -4,8 +4,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from .errors import PipelineClosed, QueueFull, StageError
 from .request import Request, StageTiming
@@ -61,7 +62,8 @@ class BatchStage(Stage):
 
     Subclass and define `async def process_batch(self, reqs) -> list`, returning one entry
     per request, in order: its result, or an exception instance to fail that request alone
-    (raising fails the whole batch). Results are stored like a Stage's return value.
+    (raising fails the whole batch). A result is what the caller's `run` returns; a stage
+    usually stores it in the request's typed field before returning.
 
     A batch is cut when it holds `max_batch_size` requests, or when the next request's
     `cost(req)` would push its total past `max_batch_cost` (a request costlier than the
@@ -128,6 +130,7 @@ class BatchStage(Stage):
         if task.cancelled() or task.exception() is None:
             return
         err = task.exception()
+        assert err is not None
         log.error("BatchStage %r collector failed", self.name, exc_info=err)
         self._closed = True
         while self._queue:
@@ -162,8 +165,6 @@ class BatchStage(Stage):
             now = loop.time()
             start = item.started if item.started is not None else now
             req.timings[self.name] = StageTiming(start - item.enqueued, now - start)
-        if result is not None:
-            req.data[self.name] = result
         return result
 
     # ---- the collector ------------------------------------------------------------------

@@ -10,7 +10,8 @@ itself knows nothing of HTTP; dependencies point api -> pipeline):
     Overloaded              503  backpressure: no room now, retry later
       QueueFull             503  a BatchStage queue is at its `max_queue`
     PipelineClosed          503  the pipeline (or a stage) is shutting down
-    StageError              500  a stage raised an unexpected exception (`.cause`)
+    StageError              500  a stage raised another exception (`.cause`); 400 when
+                                 the cause is a typed client fault (the API's table)
 
 Invariant: a stage's exception becomes an error for *its* request only; other requests,
 including those in the same batch, are unaffected.
@@ -42,7 +43,8 @@ class InvalidRequest(PipelineError):
 
 class StageError(PipelineError):
     """A stage raised an exception that is not a `PipelineError`. The original exception is
-    `.cause` (and `__cause__`, so tracebacks show both)."""
+    `.cause` (and `__cause__`, so tracebacks show both): stages raise typed exceptions and
+    do not translate them, so a caller tells a client's fault (its type) from a bug."""
 
     def __init__(self, stage: str, cause: BaseException):
         super().__init__(f"{type(cause).__name__}: {cause}", stage=stage)

@@ -5,7 +5,8 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 from .admission import Admission
 from .errors import PipelineClosed, PipelineError, RequestCancelled
@@ -37,7 +38,7 @@ class Pipeline:
 
     Bare `async def` functions (or async generator functions) may be given as stages; they
     are wrapped in a FunctionStage named after the function. Stage names must be unique:
-    they key `req.data` and `req.timings`.
+    they key `req.timings`.
     """
 
     def __init__(self, stages: Iterable[Stage | Callable[..., Any]], *,
@@ -111,27 +112,24 @@ class Pipeline:
                 req.cancel("stream closed by its consumer")
                 await asyncio.wait((task,))
 
-    def cancel(self, req: Request, reason: str | PipelineError = "cancelled") -> bool:
-        """Same as `req.cancel(reason)`."""
-        return req.cancel(reason)
-
     def _start(self, req: Request, emit: Callable[[Any], Awaitable[None]] | None
                ) -> asyncio.Task:
         if self._closed:
             raise PipelineClosed(f"pipeline {self.name!r} is closed")
         if req.running:
             raise PipelineError(f"request {req.id} is already running")
-        if req.deadline is not None and req.remaining() <= 0:
+        left = req.remaining()
+        if left is not None and left <= 0:
             req._expire()
-        if req.cancelled:
+        if req.cancel_error is not None:
             raise req.cancel_error
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._drive(req, emit), name=f"{self.name}:{req.id}")
         req._task = task
         self._running.add(req)
         timer = None
-        if req.deadline is not None:
-            timer = loop.call_later(req.remaining(), req._expire)
+        if left is not None:
+            timer = loop.call_later(left, req._expire)
         # A done-callback, not a finally: it runs even if the task is cancelled before its
         # first step (when the coroutine's own finally blocks never run).
         task.add_done_callback(functools.partial(self._finished, req, timer))
@@ -207,7 +205,7 @@ class Pipeline:
             for stage in self.stages:
                 await stage.close()
 
-    async def __aenter__(self) -> "Pipeline":
+    async def __aenter__(self) -> Pipeline:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -231,7 +229,7 @@ def _outcome(req: Request, task: asyncio.Task) -> Any:
         raise req.cancel_error or RequestCancelled("cancelled")
     exc = task.exception()
     if exc is not None:
-        if req.cancelled and exc is not req.cancel_error:
+        if req.cancel_error is not None and exc is not req.cancel_error:
             # The stage turned its cancellation into some other error; report why it was
             # cancelled, keeping what the stage raised as the cause.
             raise req.cancel_error from exc
@@ -246,7 +244,7 @@ def _check_stages(stages: tuple[Stage, ...]) -> None:
     streaming = None
     for s in stages:
         if s.name in seen:
-            raise ValueError(f"two stages are named {s.name!r}; names key req.data")
+            raise ValueError(f"two stages are named {s.name!r}; names key req.timings")
         seen.add(s.name)
         if s.streams:
             if streaming is not None and not s.accepts_upstream():

@@ -28,14 +28,16 @@ class StageTiming(NamedTuple):
 
 @dataclass(eq=False, kw_only=True)
 class Request:
-    """One request's state. Stages read and fill `data`, or subclass Request with typed
-    fields (fields are keyword-only, so subclasses may add fields without defaults):
+    """One request's state: subclass it with typed fields, which the stages read and fill
+    (fields are keyword-only, so subclasses may add fields without defaults):
 
         @dataclass(eq=False, kw_only=True)
-        class ChatRequest(Request):
-            messages: list[dict]
+        class Doc(Request):
+            path: str
+            text: str = ""          # the read stage fills it
 
-    A stage's non-None return value is also stored in `data[stage.name]`.
+    Each field has one writer, the stage that declares it as its output; what a stage
+    returns is not stored (only the last stage's value is `Pipeline.run`'s result).
 
     Identity, not equality: two requests with the same data are different requests
     (`eq=False` keeps the default identity hash, so requests can key dicts and sets).
@@ -44,7 +46,6 @@ class Request:
     sets it from a duration. The pipeline cancels the request, wherever it is, when the
     deadline passes (`DeadlineExceeded`).
     """
-    data: dict[str, Any] = field(default_factory=dict)
     id: str = field(default_factory=_new_id)
     deadline: float | None = None
     created: float = field(default_factory=time.monotonic)
@@ -59,7 +60,7 @@ class Request:
     _task: asyncio.Task | None = field(default=None, init=False, repr=False)
 
     @classmethod
-    def with_timeout(cls, seconds: float, **fields: Any) -> "Request":
+    def with_timeout(cls, seconds: float, **fields: Any) -> Request:
         return cls(deadline=time.monotonic() + seconds, **fields)
 
     @property

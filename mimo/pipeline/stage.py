@@ -6,7 +6,8 @@ import contextlib
 import inspect
 import re
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
 
 from .errors import PipelineError, StageError
 from .request import Request, StageTiming
@@ -31,7 +32,8 @@ def stage_errors(stage: str):
     try:
         yield
     except PipelineError as e:
-        raise tag(e, stage)
+        tag(e, stage)
+        raise
     except Exception as e:
         raise StageError(stage, e) from e
 
@@ -39,8 +41,8 @@ def stage_errors(stage: str):
 class Stage:
     """Subclass and define `async def process(self, req)`:
 
-      * return a value (or fill `req` and return None). A non-None value is stored in
-        `req.data[self.name]`; the last stage's value is what `Pipeline.run` returns.
+      * fill the request's typed fields (see Request) and return None, or return a value:
+        the last stage's value is what `Pipeline.run` returns (others' are dropped).
       * or make it an async generator (`yield` inside): a *streaming* stage, whose items
         `Pipeline.stream` yields. A streaming stage placed after another streaming stage
         receives that stage's items: `async def process(self, req, upstream)` and
@@ -122,8 +124,6 @@ class Stage:
             if sem is not None:
                 sem.release()
             req.timings[self.name] = StageTiming(t1 - t0, time.monotonic() - t1)
-        if result is not None:
-            req.data[self.name] = result
         return result
 
     async def stream(self, req: Request, upstream: AsyncIterator[Any] | None = None
@@ -139,7 +139,9 @@ class Stage:
         try:
             with stage_errors(self.name):
                 req.stage = self.name
-                gen = self.process(req) if upstream is None else self.process(req, upstream)
+                process: Callable[..., Any] = self.process   # an async generator function
+                gen: AsyncGenerator[Any, None] = (process(req) if upstream is None
+                                                  else process(req, upstream))
                 try:
                     async for item in gen:
                         yield item

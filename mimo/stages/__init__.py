@@ -1,13 +1,13 @@
-"""The serving stages, one noun per file. Each follows the `mimo.pipeline` Stage contract."""
+"""The serving stages, one noun per file. Each follows the `mimo.pipeline` Stage contract and
+reads and writes the declared fields of one typed request (chat_request.ChatRequest)."""
+from .chat_request import ChatRequest, Usage
 from .decode_media import DecodeMedia
 from .detokenize import Detokenize, IncrementalDetokenizer
 from .encode import EncodeStage
 from .fetch import Fetch
 from .generate import Generate
-from .media_prompt import MediaPrompt
-from .preprocess import Preprocess, PreprocessedMedia
-from .tokenize import Tokenize
+from .preprocess import Preprocess
+from .prompt import BuildPrompt
 
-__all__ = ["Fetch", "DecodeMedia", "Preprocess", "PreprocessedMedia", "Tokenize", "EncodeStage",
-           "MediaPrompt", "Generate",
-           "Detokenize", "IncrementalDetokenizer"]
+__all__ = ["BuildPrompt", "ChatRequest", "DecodeMedia", "Detokenize", "EncodeStage", "Fetch",
+           "Generate", "IncrementalDetokenizer", "Preprocess", "Usage"]

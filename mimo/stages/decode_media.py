@@ -1,36 +1,46 @@
-"""decode_media: fetched bytes -> RGB frames, images in a process pool, videos by
-parallel chunk readers. Returns, in item order, an ndarray [H, W, 3] per image and a
-DecodedVideo per video."""
+"""decode_media: fetched bytes -> RGB frames (req.fetched -> req.decoded), images in a
+process pool, videos by parallel chunk readers: in item order, a DecodedMedia holding an
+ndarray [H, W, 3] per image and a DecodedVideo per video, with the digest of its bytes."""
 from __future__ import annotations
 
+import asyncio
+
 from ..multimodal.config import MediaConfig
+from ..multimodal.decoded import DecodedMedia
+from ..multimodal.embed_cache import content_digest
 from ..multimodal.image import ImageDecoder
 from ..multimodal.video import VideoDecoder
 from ..pipeline import Stage
-from .media_items import gather_items, request_items
+from .chat_request import ChatRequest
+from .media_items import gather_items
 
 
 class DecodeMedia(Stage):
     name = "decode_media"
 
-    def __init__(self, cfg: MediaConfig = MediaConfig(), *,
+    def __init__(self, cfg: MediaConfig | None = None, *,
                  images: ImageDecoder | None = None, videos: VideoDecoder | None = None):
         super().__init__()
+        cfg = cfg or MediaConfig()
         # Decoders passed in are shared with others and stay open; our own close with us.
         self._own = (images is None, videos is None)
         self.images = images or ImageDecoder(cfg.decode_workers, cfg.max_image_pixels)
         self.videos = videos or VideoDecoder.from_config(cfg)
 
-    async def process(self, req):
-        items = request_items(req.data)
-        blobs = req.data["fetch"]
+    async def process(self, req: ChatRequest) -> None:
+        blobs = req.fetched
 
         async def one(i, it):
             if it.kind == "image":
-                return await self.images.decode(blobs[i])
-            return await self.videos.decode(blobs[i], stream=it.stream, fps=it.fps,
+                pixels = self.images.decode(blobs[i])
+            else:
+                pixels = self.videos.decode(blobs[i], stream=it.stream, fps=it.fps,
                                             max_frames=it.max_frames, nframes=it.nframes)
-        return await gather_items(items, one)
+            # Hashing a large video takes a while: beside the decode, off the loop.
+            px, digest = await asyncio.gather(pixels, asyncio.to_thread(content_digest,
+                                                                        blobs[i]))
+            return DecodedMedia(it.kind, px, digest)
+        req.decoded = await gather_items(req.media, one)
 
     async def close(self) -> None:
         if self._own[0]:

@@ -7,6 +7,7 @@ stop string is held back too, so a stop string is never half-emitted.
 from __future__ import annotations
 
 from ..pipeline import Stage
+from .chat_request import ChatRequest
 
 
 class IncrementalDetokenizer:
@@ -52,22 +53,21 @@ class IncrementalDetokenizer:
         return out
 
 
-
 class Detokenize(Stage):
-    """Streaming stage: engine events in, (text delta, finish_reason | None) out."""
+    """Streaming stage: engine events in, (text delta, finish_reason | None) out; writes
+    req.completion_tokens."""
     name = "detokenize"
 
     def __init__(self, tokenizer):
         super().__init__()
         self.tokenizer = tokenizer
 
-    async def process(self, req, upstream):
-        detok = IncrementalDetokenizer(self.tokenizer, req.data["spec"].stop)
-        req.data["detok"] = detok
+    async def process(self, req: ChatRequest, upstream):
+        detok = IncrementalDetokenizer(self.tokenizer, req.stop)
         async for ev in upstream:
             final = ev.finish_reason is not None
             delta = detok.feed(ev.token_ids, final=final)
-            req.data["completion_tokens"] = len(detok.ids)
+            req.completion_tokens = len(detok.ids)
             if detok.stopped:
                 yield delta, "stop"
                 return          # closing the upstream aborts the request in the engine

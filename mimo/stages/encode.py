@@ -8,11 +8,11 @@ block-diagonally per item and window) makes the matmuls large enough to run effi
 throughput rises, and under load each request waits for one batched forward rather than for
 everybody ahead of it one by one.
 
-Input: `req.data[source]` is a list of media items, each with `pixel_values` [patches,
-patch_dim] and `grid_thw` (t, h, w) in patches (a mapping or an object with those
-attributes), or the preprocess stage's `PreprocessedMedia` (its `patches` hold them and its
-`key` is the embedding-cache key). Output (`req.data["encode"]`): one embedding tensor per
-item, in order.
+Input: `req.preprocessed`, a list of media items, each the preprocess stage's
+`PreprocessedMedia` (its `patches` hold `pixel_values` [patches, patch_dim] and `grid_thw`
+(t, h, w) in patches, its `key` is the embedding-cache key) or a mapping or object with
+`pixel_values` and `grid_thw` (no cache key). Output (`req.embeds`): one embedding tensor
+per item, in order.
 
 Embedding cache: with `cache` set, items whose key is cached skip the encoder; the misses
 of a batch are encoded once per distinct key (two requests sending the same picture at the
@@ -26,7 +26,8 @@ batch run at the same time, and their hit, miss and forward counts add up here.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -38,8 +39,8 @@ def _field(item: Any, name: str):
     return item[name] if isinstance(item, dict) else getattr(item, name)
 
 
-def _items(req, source: str) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
-    media = req.data.get(source) or []
+def _items(req) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
+    media = req.preprocessed or []
     out = []
     for item in media:
         src = getattr(item, "patches", item)      # PreprocessedMedia wraps its Patches
@@ -49,8 +50,8 @@ def _items(req, source: str) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
     return out
 
 
-def _keys(req, source: str) -> list[str | None]:
-    return [getattr(item, "key", None) for item in req.data.get(source) or []]
+def _keys(req) -> list[str | None]:
+    return [getattr(item, "key", None) for item in req.preprocessed or []]
 
 
 class EncodeStage(BatchStage):
@@ -64,8 +65,7 @@ class EncodeStage(BatchStage):
     max_wait_ms = 2.0
 
     def __init__(self, encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
-                 patch_dim: int, merge: int = 2, source: str = "preprocess",
-                 name: str | None = None, max_batch_size: int | None = None,
+                 patch_dim: int, merge: int = 2, name: str | None = None, max_batch_size: int | None = None,
                  max_batch_cost: float | None = None, max_wait_ms: float | None = None,
                  cache: EmbedCache | None = None, pool=None):
         super().__init__(name)
@@ -76,7 +76,6 @@ class EncodeStage(BatchStage):
         self._pool_hits = self._pool_misses = 0
         self.patch_dim = patch_dim
         self.merge = merge
-        self.source = source
         if max_batch_size is not None:
             self.max_batch_size = max_batch_size
         if max_batch_cost is not None:
@@ -86,7 +85,7 @@ class EncodeStage(BatchStage):
 
     def cost(self, req) -> float:
         try:
-            return float(sum(t * h * w for _, (t, h, w) in _items(req, self.source)))
+            return float(sum(t * h * w for _, (t, h, w) in _items(req)))
         except Exception:
             return 1.0     # malformed: process_batch reports it for this request alone
 
@@ -105,13 +104,10 @@ class EncodeStage(BatchStage):
         work = []                  # (request index, its items)
         for i, req in enumerate(reqs):
             try:
-                items = _items(req, self.source)
+                items = _items(req)
                 self._check(items)
-            except InvalidRequest as e:
+            except Exception as e:    # fails this request alone, keeping what it was
                 results[i] = e
-                continue
-            except Exception as e:
-                results[i] = InvalidRequest(f"malformed media input: {e}")
                 continue
             if req.cancelled:
                 results[i] = []    # its answer is dropped; skip the work
@@ -121,6 +117,9 @@ class EncodeStage(BatchStage):
                 work.append((i, items))
         if work:
             await self._encode(reqs, work, results)
+        for req, r in zip(reqs, results):
+            if isinstance(r, list):
+                req.embeds = r
         return results
 
     @property
@@ -140,7 +139,7 @@ class EncodeStage(BatchStage):
         """Route every item by its key; one call per worker, all workers at once."""
         by_worker: dict[str, list[tuple[int, int, str, Any]]] = {}
         for i, items in work:
-            for j, (item, key) in enumerate(zip(items, _keys(reqs[i], self.source))):
+            for j, (item, key) in enumerate(zip(items, _keys(reqs[i]))):
                 if key is None:
                     raise InvalidRequest("encoder workers need media with cache keys")
                 by_worker.setdefault(self.pool.route(key), []).append((i, j, key, item))
@@ -167,7 +166,7 @@ class EncodeStage(BatchStage):
         made: dict[Any, torch.Tensor] = {}
         todo: dict[Any, tuple[torch.Tensor, tuple[int, int, int]]] = {}   # key -> item
         for i, items in work:
-            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            keys = _keys(reqs[i]) if self.cache is not None else [None] * len(items)
             out[i] = []
             for j, (item, key) in enumerate(zip(items, keys)):
                 hit = self.cache.get(key) if key is not None else None
@@ -186,7 +185,7 @@ class EncodeStage(BatchStage):
                     if isinstance(key, str):
                         self.cache.put(key, emb.clone())    # not a view pinning the batch
         for i, items in work:
-            keys = _keys(reqs[i], self.source) if self.cache is not None else [None] * len(items)
+            keys = _keys(reqs[i]) if self.cache is not None else [None] * len(items)
             results[i] = [e if e is not None else made[k if k is not None else (i, j)]
                           for j, (e, k) in enumerate(zip(out[i], keys))]
 

@@ -1,8 +1,8 @@
-"""fetch: the bytes of every media item of a request (req.data['media']), concurrently.
+"""fetch: the bytes of every media item of a request (req.media -> req.fetched),
+concurrently.
 
 Items of one request and of different requests download at the same time; `max_fetches`
-bounds open downloads across all requests (sockets and buffered bytes). Returns a list of
-bytes in item order.
+bounds open downloads across all requests (sockets and buffered bytes).
 """
 from __future__ import annotations
 
@@ -14,29 +14,30 @@ from ..multimodal.address import Resolver, system_resolver
 from ..multimodal.config import MediaConfig
 from ..multimodal.fetch import fetch
 from ..pipeline import Stage
-from .media_items import gather_items, request_items
+from .chat_request import ChatRequest
+from .media_items import gather_items
 
 
 class Fetch(Stage):
     name = "fetch"
 
-    def __init__(self, cfg: MediaConfig = MediaConfig(), *, max_fetches: int = 64,
+    def __init__(self, cfg: MediaConfig | None = None, *, max_fetches: int = 64,
                  resolver: Resolver = system_resolver,
                  transport: httpx.AsyncBaseTransport | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg or MediaConfig()
         self.max_fetches = max_fetches
         self.resolver = resolver
         self.transport = transport
         self._downloads: asyncio.Semaphore | None = None   # made on the running loop
 
-    async def process(self, req):
-        items = request_items(req.data)
+    async def process(self, req: ChatRequest) -> None:
         if self._downloads is None:
             self._downloads = asyncio.Semaphore(self.max_fetches)
+        downloads = self._downloads
 
         async def one(i, it):
-            async with self._downloads:
+            async with downloads:
                 return await fetch(it.url, self.cfg, resolver=self.resolver,
                                    transport=self.transport)
-        return await gather_items(items, one)
+        req.fetched = await gather_items(req.media, one)

@@ -1,14 +1,16 @@
-"""generate: hands the prompt to the engine thread and streams back its tokens.
+"""generate: hands the built prompt (req.prompt_ids, req.mm_prompt) to the engine thread and
+streams back its tokens; keeps req.cached_tokens and req.engine_queue_wait up to date.
 
 The engine's own scheduler does prefix matching, prefill and decode each iteration; this
 stage is the boundary. Leaving the stream early (client gone, stop string, deadline) aborts
-the request, which frees its KV at the engine's next step.
+the request, which frees its KV at the engine's next step. A prompt the engine refuses
+raises the engine's RequestError as is (the API maps it).
 """
 from __future__ import annotations
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.engine import RequestError
-from ..pipeline import InvalidRequest, Stage
+from ..pipeline import Stage
+from .chat_request import ChatRequest
 
 
 class Generate(Stage):
@@ -18,19 +20,22 @@ class Generate(Stage):
         super().__init__()
         self.engine = engine
 
-    async def process(self, req, upstream=None):
-        # A multimodal pipeline's mm_prompt stage expanded the ids and built the MMPrompt.
-        ids, mm = req.data.get("mm_prompt") or (req.data["tokenize"], None)
-        try:
-            stream = self.engine.submit(ids, req.data["spec"].params, mm=mm)
-        except (RequestError, ValueError) as e:
-            raise InvalidRequest(str(e)) from e
-        req.data["engine_stream"] = stream
+    async def process(self, req: ChatRequest, upstream=None):
+        stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt)
         finished = False
         try:
             async for ev in stream:
                 finished = ev.finish_reason is not None
+                _note(req, stream)
                 yield ev
         finally:
+            _note(req, stream)
             if not finished:
                 self.engine.abort(stream)
+
+
+def _note(req: ChatRequest, stream) -> None:
+    """What the engine knows about the request so far (plain reads; the engine thread writes
+    them once, at admission)."""
+    req.cached_tokens = stream.cached_tokens
+    req.engine_queue_wait = stream.seq.queue_wait

@@ -1,22 +1,14 @@
 """Run one coroutine per media item of a request, concurrently; the first failure cancels
-the rest (their work is wasted once the request fails) and a MediaError becomes an
-InvalidRequest (HTTP 400) that names the item."""
+the rest (their work is wasted once the request fails). A MediaError keeps its type and
+gains which item it is about ("image 2 of 3: ..."); mapping it to HTTP is the API's job."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from ..multimodal.errors import MediaError
 from ..multimodal.item import MediaItem
-from ..pipeline import InvalidRequest
-
-
-def request_items(data: dict) -> list[MediaItem]:
-    items = data.get("media") or []
-    for it in items:
-        if not isinstance(it, MediaItem):
-            raise TypeError(f"req.data['media'] must hold MediaItem, not {type(it).__name__}")
-    return list(items)
 
 
 async def gather_items(items: Sequence[MediaItem],
@@ -25,7 +17,8 @@ async def gather_items(items: Sequence[MediaItem],
         try:
             return await fn(i, it)
         except MediaError as e:
-            raise InvalidRequest(f"{it.kind} {i + 1} of {len(items)}: {e}") from e
+            # Same type (one argument: these errors pickle), the item named for the client.
+            raise type(e)(f"{it.kind} {i + 1} of {len(items)}: {e}") from e
 
     tasks = [asyncio.ensure_future(one(i, it)) for i, it in enumerate(items)]
     try:

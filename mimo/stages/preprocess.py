@@ -1,10 +1,10 @@
-"""preprocess: decoded media -> model inputs (pixel_values, grid_thw) plus each item's
-embedding-cache key. Model-agnostic: the processor settings come in as a frozen
-ProcessorSettings (from the model's vision adapter). The tensors are made on `device`, the
-serving device (`--device`), so on a GPU the resize and normalize run there and the encoder
-reads them in place; on CPU nothing moves. Tensor work runs in a thread (torch releases the
-GIL in its kernels); all images of a request go through one call, so equal-sized ones are
-resized as a batch.
+"""preprocess: decoded media -> model inputs (req.decoded -> req.preprocessed): pixel_values
+and grid_thw per item plus its embedding-cache key. Model-agnostic: the processor settings
+come in as a frozen ProcessorSettings (from the model's vision adapter). The tensors are
+made on `device`, the serving device (`--device`), so on a GPU the resize and normalize run
+there and the encoder reads them in place; on CPU nothing moves. Tensor work runs in a
+thread (torch releases the GIL in its kernels); all images of a request go through one
+call, so equal-sized ones are resized as a batch.
 """
 from __future__ import annotations
 
@@ -12,44 +12,41 @@ import asyncio
 
 import torch
 
-from ..multimodal.embed_cache import media_key
-from ..multimodal.errors import MediaError
+from ..multimodal.decoded import DecodedMedia
+from ..multimodal.embed_cache import digest_key
+from ..multimodal.item import MediaItem
 from ..multimodal.preprocess import Patches, ProcessorSettings, preprocess_images, preprocess_video
 from ..multimodal.preprocessed import PreprocessedMedia
-from ..pipeline import InvalidRequest, Stage
-from .media_items import request_items
+from ..pipeline import Stage
+from .chat_request import ChatRequest
 
 
 class Preprocess(Stage):
     name = "preprocess"
 
-    def __init__(self, settings: ProcessorSettings = ProcessorSettings(),
+    def __init__(self, settings: ProcessorSettings | None = None,
                  device: str | torch.device = "cpu"):
         super().__init__()
-        self.settings = settings
+        self.settings = settings or ProcessorSettings()
         self.device = device
 
-    async def process(self, req):
-        items = request_items(req.data)
-        try:
-            return await asyncio.to_thread(self._run, items, req.data["fetch"],
-                                           req.data["decode_media"])
-        except MediaError as e:
-            raise InvalidRequest(str(e)) from e
+    async def process(self, req: ChatRequest) -> None:
+        req.preprocessed = await asyncio.to_thread(self._run, req.media, req.decoded)
 
-    def _run(self, items, blobs, decoded) -> list[PreprocessedMedia]:
+    def _run(self, items: list[MediaItem], decoded: list[DecodedMedia]
+             ) -> list[PreprocessedMedia]:
         s = self.settings
         fp = s.fingerprint()
         image_idx = [i for i, it in enumerate(items) if it.kind == "image"]
-        patches: dict[int, Patches] = dict(zip(
-            image_idx, preprocess_images([decoded[i] for i in image_idx], s, self.device)))
+        patches: dict[int, Patches] = dict(zip(image_idx, preprocess_images(
+            [decoded[i].pixels for i in image_idx], s, self.device)))
         out = []
         for i, it in enumerate(items):
             spg = None
             if it.kind == "video":
-                v = decoded[i]
+                v = decoded[i].pixels
                 patches[i] = preprocess_video(v.frames, s, self.device)
                 spg = s.temporal_patch_size / v.sample_fps
-            out.append(PreprocessedMedia(it.kind, media_key(blobs[i], fp, it.variant()),
-                                         patches[i], spg))
+            out.append(PreprocessedMedia(it.kind, digest_key(decoded[i].digest, fp,
+                                                             it.variant()), patches[i], spg))
         return out

@@ -1,27 +1,37 @@
-"""tokenize: chat messages (through the model's chat template) or a text prompt -> token ids.
+"""prompt: the request's prompt, built once, after the encoder ran: chat messages (through
+the model's chat template) or a text prompt -> token ids, then each media item's pad token
+expanded to its embedding rows and the engine's MMPrompt built (multimodal.placeholders).
+Writes req.prompt_ids and req.mm_prompt.
 
 Media parts ({"type": "image"|"video"}) become the model's placeholder text (what the vision
 adapter says its template writes for such a part) before the template runs: the template
-layer takes string contents only. Each placeholder is one pad token here; the mm_prompt
-stage expands it once the item's grid is known."""
+layer takes string contents only. Each placeholder is one pad token after tokenizing, and
+becomes as many as the item's grid yields when the media are placed.
+"""
 from __future__ import annotations
 
 import asyncio
 
 from ..models.chat_template import ChatTemplate
+from ..multimodal.adapter import VisionAdapter
+from ..multimodal.mm_prompt import MMPrompt
+from ..multimodal.placeholders import place_media
 from ..pipeline import InvalidRequest, Stage
+from .chat_request import ChatRequest
 
 
-class Tokenize(Stage):
-    """Reads req.data['spec'] (an api GenerationSpec); returns prompt token ids."""
-    name = "tokenize"
+class BuildPrompt(Stage):
+    """`adapter`: the model's vision adapter (None for a text-only model)."""
+    name = "prompt"
     max_concurrency = 4
 
-    def __init__(self, tokenizer, arch: str | None, placeholders: dict[str, str] | None = None):
+    def __init__(self, tokenizer, arch: str | None, adapter: VisionAdapter | None = None):
         super().__init__()
         self.tokenizer = tokenizer
         self.arch = arch
-        self.placeholders = placeholders or {}     # "image"/"video" -> placeholder text
+        self.adapter = adapter
+        self.placeholders = ({k: adapter.placeholder_text(tokenizer, k) for k in adapter.kinds}
+                             if adapter is not None else {})
         self._template: ChatTemplate | None = None
 
     def template(self) -> ChatTemplate:
@@ -29,18 +39,27 @@ class Tokenize(Stage):
             self._template = ChatTemplate.for_model(self.tokenizer, self.arch)
         return self._template
 
-    async def process(self, req):
-        spec = req.data["spec"]
-        if spec.prompt_ids is not None:
-            return spec.prompt_ids
-        if spec.messages is not None:
-            tpl = self.template()
-            # Long prompts take milliseconds to encode: keep them off the event loop.
-            msgs = [self._flatten(m) for m in spec.messages]
-            return await asyncio.to_thread(tpl.encode, self.tokenizer, msgs)
-        if not spec.prompt:
+    async def process(self, req: ChatRequest) -> None:
+        if req.messages is not None:
+            self.template()     # made once, on the loop: the first request builds it
+        # Long prompts take milliseconds to encode: keep them off the event loop.
+        req.prompt_ids, req.mm_prompt = await asyncio.to_thread(self.build, req)
+
+    def build(self, req: ChatRequest) -> tuple[list[int], MMPrompt | None]:
+        ids = self.tokenize(req)
+        if self.adapter is None:
+            return ids, None
+        return place_media(ids, self.adapter, req.preprocessed, req.embeds)
+
+    def tokenize(self, req: ChatRequest) -> list[int]:
+        if req.token_ids is not None:
+            return list(req.token_ids)
+        if req.messages is not None:
+            msgs = [self._flatten(m) for m in req.messages]
+            return self.template().encode(self.tokenizer, msgs)
+        if not req.text:
             raise InvalidRequest("prompt is empty")
-        return await asyncio.to_thread(self.tokenizer.encode, spec.prompt)
+        return self.tokenizer.encode(req.text)
 
     def _flatten(self, msg: dict) -> dict:
         content = msg["content"]

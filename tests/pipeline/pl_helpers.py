@@ -1,9 +1,27 @@
-"""Helpers for the pipeline tests: run a test coroutine on a fresh loop and check that it
-leaves no task behind; measure concurrency inside a stage."""
+"""Helpers for the pipeline tests: a typed request, run a test coroutine on a fresh loop
+and check that it leaves no task behind; measure concurrency inside a stage."""
 from __future__ import annotations
 
 import asyncio
 import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from mimo.pipeline import Request
+
+
+@dataclass(eq=False, kw_only=True)
+class Job(Request):
+    """The tests' request: the inputs their stages read and the fields they write."""
+    x: Any = None
+    i: int = 0
+    n: int = 0
+    cost: float = 1.0
+    echo: int = 0
+    stop: str | None = None
+    fail_at: int | None = None
+    trace: list[str] = field(default_factory=list)
+    out: dict[str, Any] = field(default_factory=dict)   # a stage's name -> what it wrote
 
 
 def async_test(timeout: float = 5.0):

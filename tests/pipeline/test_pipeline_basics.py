@@ -5,14 +5,23 @@ import asyncio
 from dataclasses import dataclass
 
 import pytest
+from pl_helpers import Gauge, Job, async_test, settle
 
-from mimo.pipeline import (FunctionStage, InvalidRequest, Pipeline, PipelineError, Request,
-                           Stage, StageError, StageTiming)
-from pl_helpers import Gauge, async_test, settle
+from mimo.pipeline import (
+    FunctionStage,
+    InvalidRequest,
+    Pipeline,
+    PipelineError,
+    Request,
+    Stage,
+    StageError,
+    StageTiming,
+)
 
 
 class Record(Stage):
-    """Appends its name to req.data['trace'] after a yield to the loop, returns a tag."""
+    """Appends its name to req.trace after a yield to the loop, writes a tag to
+    req.out[name] and returns it."""
 
     def __init__(self, name, log=None, **kw):
         super().__init__(name, **kw)
@@ -20,22 +29,23 @@ class Record(Stage):
 
     async def process(self, req):
         await asyncio.sleep(0)
-        req.data.setdefault("trace", []).append(self.name)
+        req.trace.append(self.name)
         if self.log is not None:
             self.log.append((req.id, self.name))
-        return f"{self.name}:{req.data['x']}"
+        req.out[self.name] = tag = f"{self.name}:{req.x}"
+        return tag
 
 
 @async_test()
-async def test_stages_run_in_order_and_results_land_in_data():
+async def test_stages_run_in_order_and_fill_the_request():
     log = []
     async with Pipeline([Record("a", log), Record("b", log), Record("c", log)]) as p:
-        reqs = [Request(data={"x": i}) for i in range(10)]
+        reqs = [Job(x=i) for i in range(10)]
         out = await asyncio.gather(*(p.run(r) for r in reqs))
     assert out == [f"c:{i}" for i in range(10)]            # run returns the last value
     for i, r in enumerate(reqs):
-        assert r.data["trace"] == ["a", "b", "c"]
-        assert (r.data["a"], r.data["b"]) == (f"a:{i}", f"b:{i}")
+        assert r.trace == ["a", "b", "c"]
+        assert r.out == {"a": f"a:{i}", "b": f"b:{i}", "c": f"c:{i}"}
         assert set(r.timings) == {"a", "b", "c"}
         assert all(isinstance(t, StageTiming) and t.waited >= 0 and t.ran >= 0
                    for t in r.timings.values())
@@ -64,7 +74,8 @@ async def test_function_stages_none_results_and_typed_request():
         assert [s.name for s in p.stages] == ["count", "loud"]
         d = Doc(text="one two three")
         assert await p.run(d) == "ONE TWO THREE"
-    assert d.words == 3 and "count" not in d.data and d.data["loud"] == "ONE TWO THREE"
+    # A return value is the result, not stored on the request: the stages' typed fields are.
+    assert d.words == 3 and not hasattr(d, "data") and not hasattr(d, "loud")
     assert d.id != Doc(text="x").id
 
 
@@ -97,11 +108,11 @@ async def test_waiting_for_a_slot_is_recorded_and_fifo():
         max_concurrency = 1
 
         async def process(self, req):
-            order.append(req.data["i"])
+            order.append(req.i)
             await gate.wait()
 
     async with Pipeline([One()]) as p:
-        tasks = [asyncio.ensure_future(p.run(Request(data={"i": i}))) for i in range(5)]
+        tasks = [asyncio.ensure_future(p.run(Job(i=i))) for i in range(5)]
         await settle()
         assert order == [0]
         gate.set()
@@ -114,19 +125,19 @@ async def test_an_exception_fails_only_its_request_and_the_pipeline_keeps_servin
     ran_after = []
 
     async def parse(req):
-        x = req.data["x"]
+        x = req.x
         if x == 3:
             raise KeyError("boom")
         if x == 5:
             raise InvalidRequest("x must not be 5")
-        return x * 10
+        req.out["parse"] = x * 10
 
     async def after(req):
-        ran_after.append(req.data["x"])
-        return req.data["parse"] + 1
+        ran_after.append(req.x)
+        return req.out["parse"] + 1
 
     async with Pipeline([parse, after]) as p:
-        out = await asyncio.gather(*(p.run(Request(data={"x": i})) for i in range(8)),
+        out = await asyncio.gather(*(p.run(Job(x=i)) for i in range(8)),
                                    return_exceptions=True)
         assert [o for i, o in enumerate(out) if i not in (3, 5)] == [1, 11, 21, 41, 61, 71]
         err = out[3]
@@ -136,7 +147,7 @@ async def test_an_exception_fails_only_its_request_and_the_pipeline_keeps_servin
         bad = out[5]
         assert type(bad) is InvalidRequest and bad.stage == "parse"
         assert sorted(ran_after) == [0, 1, 2, 4, 6, 7]       # later stage skipped for both
-        assert await p.run(Request(data={"x": 9})) == 91      # still serving
+        assert await p.run(Job(x=9)) == 91      # still serving
         assert p.in_flight == 0
 
 

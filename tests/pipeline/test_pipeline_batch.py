@@ -5,14 +5,21 @@ import asyncio
 import time
 
 import pytest
+from pl_helpers import Job, async_test, settle
 
-from mimo.pipeline import (BatchStage, Pipeline, PipelineClosed, QueueFull, Request,
-                           RequestCancelled, StageError)
-from pl_helpers import async_test, settle
+from mimo.pipeline import (
+    BatchStage,
+    Pipeline,
+    PipelineClosed,
+    QueueFull,
+    RequestCancelled,
+    StageError,
+)
 
 
 class Square(BatchStage):
-    """Squares req.data['x'] per item; records each batch's xs. x < 0 fails that item."""
+    """Squares req.x per item into req.out["square"] (and returns it); records each batch's
+    xs. x < 0 fails that item."""
     max_wait_ms = 50.0
 
     def __init__(self, gate: asyncio.Event | None = None, **kw):
@@ -23,13 +30,16 @@ class Square(BatchStage):
         self.gate = gate
 
     def cost(self, req):
-        return req.data.get("cost", 1)
+        return req.cost
 
     async def process_batch(self, reqs):
-        self.batches.append([r.data["x"] for r in reqs])
+        self.batches.append([r.x for r in reqs])
         if self.gate is not None:
             await self.gate.wait()
-        return [ValueError(f"negative {r.data['x']}") if r.data["x"] < 0 else r.data["x"] ** 2
+        for r in reqs:
+            if r.x >= 0:
+                r.out["square"] = r.x ** 2
+        return [ValueError(f"negative {r.x}") if r.x < 0 else r.x ** 2
                 for r in reqs]
 
 
@@ -38,12 +48,12 @@ async def test_groups_concurrent_callers_up_to_size_and_returns_each_its_own_res
     sq = Square(max_batch_size=4, max_wait_ms=10_000)   # only size may cut a batch...
     async with Pipeline([sq]) as p:
         t0 = time.monotonic()
-        reqs = [Request(data={"x": i}) for i in range(8)]
+        reqs = [Job(x=i) for i in range(8)]
         out = await asyncio.gather(*(p.run(r) for r in reqs))
     assert time.monotonic() - t0 < 1.0                   # ...so nobody waited for max_wait
     assert out == [i * i for i in range(8)]
     assert sq.batches == [[0, 1, 2, 3], [4, 5, 6, 7]]    # arrival order kept
-    assert [r.data["square"] for r in reqs] == out
+    assert [r.out["square"] for r in reqs] == out
     assert all(r.timings["square"].ran >= 0 for r in reqs)
 
 
@@ -52,7 +62,7 @@ async def test_cost_budget_cuts_batches_and_an_oversized_item_runs_alone():
     sq = Square(max_batch_size=100, max_batch_cost=10, max_wait_ms=5)
     costs = [4, 4, 4, 12, 3, 3, 3, 1]
     async with Pipeline([sq]) as p:
-        out = await asyncio.gather(*(p.run(Request(data={"x": i, "cost": c}))
+        out = await asyncio.gather(*(p.run(Job(x=i, cost=c))
                                      for i, c in enumerate(costs)))
     assert out == [i * i for i in range(8)]
     # 4+4 (a third 4 would be 12 > 10) | 4 (12 does not fit beside it) | 12 alone | 3+3+3+1
@@ -64,21 +74,21 @@ async def test_an_underfilled_batch_flushes_after_max_wait():
     sq = Square(max_batch_size=8, max_wait_ms=30)
     async with Pipeline([sq]) as p:
         t0 = time.monotonic()
-        out = await asyncio.gather(p.run(Request(data={"x": 2})), p.run(Request(data={"x": 3})))
+        out = await asyncio.gather(p.run(Job(x=2)), p.run(Job(x=3)))
         took = time.monotonic() - t0
     assert out == [4, 9] and sq.batches == [[2, 3]]
     assert 0.025 <= took < 0.5
     # a request arriving alone also goes after max_wait, not never
     sq2 = Square(max_batch_size=8, max_wait_ms=5)
     async with Pipeline([sq2]) as p:
-        assert await p.run(Request(data={"x": 7})) == 49
+        assert await p.run(Job(x=7)) == 49
 
 
 @async_test()
 async def test_one_bad_item_fails_only_its_request():
     sq = Square(max_batch_size=8, max_wait_ms=5)
     async with Pipeline([sq]) as p:
-        out = await asyncio.gather(*(p.run(Request(data={"x": x})) for x in [1, -2, 3]),
+        out = await asyncio.gather(*(p.run(Job(x=x)) for x in [1, -2, 3]),
                                    return_exceptions=True)
         assert sq.batches == [[1, -2, 3]]
         assert out[0] == 1 and out[2] == 9
@@ -93,7 +103,7 @@ async def test_a_raising_batch_fails_its_members_only_and_bad_results_are_caught
         calls = 0
 
         def cost(self, req):
-            if req.data["x"] == "bad cost":
+            if req.x == "bad cost":
                 raise ValueError("cannot cost")
             return 1
 
@@ -103,20 +113,20 @@ async def test_a_raising_batch_fails_its_members_only_and_bad_results_are_caught
                 raise RuntimeError("device lost")
             if self.calls == 2:
                 return [1]                           # wrong length
-            return [r.data["x"] for r in reqs]
+            return [r.x for r in reqs]
 
     async with Pipeline([Flaky()]) as p:
-        first = await asyncio.gather(p.run(Request(data={"x": 1})), p.run(Request(data={"x": 2})),
+        first = await asyncio.gather(p.run(Job(x=1)), p.run(Job(x=2)),
                                      return_exceptions=True)
         assert all(isinstance(e, StageError) and "device lost" in str(e) for e in first)
-        second = await asyncio.gather(p.run(Request(data={"x": 1})),
-                                      p.run(Request(data={"x": 2})), return_exceptions=True)
+        second = await asyncio.gather(p.run(Job(x=1)),
+                                      p.run(Job(x=2)), return_exceptions=True)
         assert all(isinstance(e, StageError) and isinstance(e.cause, TypeError)
                    for e in second)
         with pytest.raises(StageError, match="cannot cost"):
-            await p.run(Request(data={"x": "bad cost"}))
-        assert await asyncio.gather(p.run(Request(data={"x": 5})),
-                                    p.run(Request(data={"x": 6}))) == [5, 6]
+            await p.run(Job(x="bad cost"))
+        assert await asyncio.gather(p.run(Job(x=5)),
+                                    p.run(Job(x=6))) == [5, 6]
 
 
 @async_test()
@@ -124,10 +134,10 @@ async def test_arrivals_accumulate_while_the_batch_slot_is_busy():
     gate = asyncio.Event()
     sq = Square(gate, max_batch_size=16, max_wait_ms=1)
     async with Pipeline([sq]) as p:
-        first = asyncio.ensure_future(p.run(Request(data={"x": 0})))
+        first = asyncio.ensure_future(p.run(Job(x=0)))
         while not sq.batches:
             await asyncio.sleep(0.001)
-        rest = [asyncio.ensure_future(p.run(Request(data={"x": i}))) for i in range(1, 6)]
+        rest = [asyncio.ensure_future(p.run(Job(x=i))) for i in range(1, 6)]
         await asyncio.sleep(0.01)                 # well past max_wait: no slot, so no batch
         assert sq.batches == [[0]] and sq.queued == 5
         gate.set()
@@ -142,11 +152,11 @@ async def test_a_request_cancelled_while_queued_never_reaches_the_batch():
     after = []
 
     async def later(req):
-        after.append(req.data["x"])
-        return req.data["square"]
+        after.append(req.x)
+        return req.out["square"]
 
     async with Pipeline([sq, later], max_in_flight=10) as p:
-        reqs = [Request(data={"x": i}) for i in range(4)]
+        reqs = [Job(x=i) for i in range(4)]
         tasks = [asyncio.ensure_future(p.run(reqs[0]))]
         while not sq.batches:
             await asyncio.sleep(0.001)
@@ -170,7 +180,7 @@ async def test_a_request_cancelled_mid_batch_does_not_disturb_the_others():
     gate = asyncio.Event()
     sq = Square(gate, max_batch_size=3, max_wait_ms=1)
     async with Pipeline([sq]) as p:
-        reqs = [Request(data={"x": i}) for i in range(3)]
+        reqs = [Job(x=i) for i in range(3)]
         tasks = [asyncio.ensure_future(p.run(r)) for r in reqs]
         while not sq.batches:
             await asyncio.sleep(0.001)
@@ -186,18 +196,18 @@ async def test_a_request_cancelled_mid_batch_does_not_disturb_the_others():
 async def test_queue_bound_and_close_used_standalone():
     gate = asyncio.Event()
     sq = Square(gate, max_batch_size=1, max_wait_ms=1, max_queue=2)
-    first = asyncio.ensure_future(sq.run(Request(data={"x": 0})))
+    first = asyncio.ensure_future(sq.run(Job(x=0)))
     while not sq.batches:
         await asyncio.sleep(0.001)
-    queued = [asyncio.ensure_future(sq.run(Request(data={"x": i}))) for i in (1, 2)]
+    queued = [asyncio.ensure_future(sq.run(Job(x=i))) for i in (1, 2)]
     await settle()
     with pytest.raises(QueueFull) as ei:
-        await sq.run(Request(data={"x": 3}))
+        await sq.run(Job(x=3))
     assert ei.value.stage == "square"
     await sq.close()                     # stops the collector and the running batch
     for t in [first, *queued]:
         with pytest.raises(PipelineClosed):
             await t
     with pytest.raises(PipelineClosed):
-        await sq.run(Request(data={"x": 4}))
+        await sq.run(Job(x=4))
     await sq.close()                     # idempotent

@@ -6,10 +6,16 @@ import asyncio
 import time
 
 import pytest
-
-from mimo.pipeline import (DeadlineExceeded, Pipeline, PipelineClosed, Request,
-                           RequestCancelled, Stage)
 from pl_helpers import async_test, settle
+
+from mimo.pipeline import (
+    DeadlineExceeded,
+    Pipeline,
+    PipelineClosed,
+    Request,
+    RequestCancelled,
+    Stage,
+)
 
 
 class Block(Stage):
@@ -55,7 +61,7 @@ async def test_cancel_mid_stage_frees_its_slot_and_skips_later_stages():
         t = asyncio.ensure_future(p.run(r))
         await _until(lambda: block.entered)
         assert r.stage == "block" and p.in_flight == 1
-        assert p.cancel(r, "client went away")
+        assert r.cancel("client went away")
         with pytest.raises(RequestCancelled) as ei:
             await t
         assert ei.value.reason == "client went away" and ei.value.stage == "block"

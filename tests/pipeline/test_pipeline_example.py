@@ -8,9 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from pl_helpers import Job, async_test
 
 from mimo.pipeline import BatchStage, Pipeline, PipelineClosed, Request, StageError
-from pl_helpers import async_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -40,15 +40,17 @@ async def test_close_leaves_no_task_behind():
         max_wait_ms = 1
 
         async def process_batch(self, reqs):
-            return [r.data["x"] for r in reqs]
+            for r in reqs:
+                r.echo = r.x
+            return [r.x for r in reqs]
 
     async def words(req):
-        for i in range(req.data["echo"]):
+        for i in range(req.echo):
             yield i
 
     before = asyncio.all_tasks()
     p = Pipeline([Echo(), words], max_in_flight=4)
-    assert await asyncio.gather(*(p.run(Request(data={"x": 3})) for _ in range(8))) \
+    assert await asyncio.gather(*(p.run(Job(x=3)) for _ in range(8))) \
         == [[0, 1, 2]] * 8
     assert len(asyncio.all_tasks() - before) == 1          # the batch collector
     await p.close()

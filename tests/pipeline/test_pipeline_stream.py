@@ -7,9 +7,9 @@ import contextlib
 import threading
 
 import pytest
+from pl_helpers import Job, async_test, settle
 
-from mimo.pipeline import Pipeline, Request, RequestCancelled, Stage, StageError
-from pl_helpers import async_test, settle
+from mimo.pipeline import Pipeline, RequestCancelled, Stage, StageError
 
 
 class ThreadEngine:
@@ -48,7 +48,7 @@ class Decode(Stage):
 
     async def process(self, req):
         q: asyncio.Queue = asyncio.Queue()
-        stop = self.engine.submit(req.id, req.data["n"], asyncio.get_running_loop(), q)
+        stop = self.engine.submit(req.id, req.n, asyncio.get_running_loop(), q)
         self.open += 1
         try:
             while (tok := await q.get()) is not None:
@@ -65,7 +65,7 @@ class Detokenize(Stage):
         async for tok in upstream:
             word = f"w{tok}"
             yield word
-            if word == req.data.get("stop"):
+            if word == req.stop:
                 return
 
 
@@ -79,14 +79,14 @@ async def test_stream_yields_the_last_stages_items_in_order():
     eng = ThreadEngine()
 
     async def prepare(req):
-        req.data["n"] = 5
+        req.n = 5
 
     async with Pipeline([prepare, Decode(eng), Detokenize()]) as p:
-        r = Request()
+        r = Job()
         items = [x async for x in p.stream(r)]
         assert items == [f"w{i}" for i in range(5)]
         assert set(r.timings) == {"prepare", "decode", "detokenize"}
-        assert await p.run(Request(data={})) == items         # run collects a stream
+        assert await p.run(Job()) == items         # run collects a stream
     _join(eng)
     assert eng.aborted == []
 
@@ -96,7 +96,7 @@ async def test_a_transform_stopping_early_closes_its_upstream_at_once():
     eng = ThreadEngine(period=0.002)
     dec = Decode(eng)
     async with Pipeline([dec, Detokenize()]) as p:
-        r = Request(data={"n": 1000, "stop": "w2"})
+        r = Job(n=1000, stop="w2")
         assert [x async for x in p.stream(r)] == ["w0", "w1", "w2"]
         assert dec.open == 0 and p.in_flight == 0              # decode's finally ran
     _join(eng)
@@ -108,14 +108,14 @@ async def test_consumer_breaking_or_cancelling_cancels_the_request():
     eng = ThreadEngine(period=0.002)
     dec = Decode(eng)
     async with Pipeline([dec, Detokenize()]) as p:
-        r = Request(data={"n": 1000})
+        r = Job(n=1000)
         async with contextlib.aclosing(p.stream(r)) as s:
             async for item in s:
                 if item == "w1":
                     break
         assert r.cancelled and dec.open == 0 and p.in_flight == 0
 
-        r2 = Request(data={"n": 1000})
+        r2 = Job(n=1000)
 
         async def consume():
             async for _ in p.stream(r2):
@@ -128,7 +128,7 @@ async def test_consumer_breaking_or_cancelling_cancels_the_request():
             await t
         assert r2.cancelled and dec.open == 0 and p.in_flight == 0
 
-        r3 = Request(data={"n": 1000})
+        r3 = Job(n=1000)
         got = []
         with pytest.raises(RequestCancelled):
             async for item in p.stream(r3):
@@ -144,17 +144,17 @@ async def test_consumer_breaking_or_cancelling_cancels_the_request():
 async def test_an_error_mid_stream_fails_that_stream_only():
     async def numbers(req):
         for i in range(5):
-            if i == req.data.get("fail_at"):
+            if i == req.fail_at:
                 raise ValueError(f"bad token {i}")
             yield i
 
     async with Pipeline([numbers]) as p:
         got = []
         with pytest.raises(StageError) as ei:
-            async for x in p.stream(Request(data={"fail_at": 3})):
+            async for x in p.stream(Job(fail_at=3)):
                 got.append(x)
         assert got == [0, 1, 2] and ei.value.stage == "numbers"
-        assert [x async for x in p.stream(Request())] == [0, 1, 2, 3, 4]
+        assert [x async for x in p.stream(Job())] == [0, 1, 2, 3, 4]
 
 
 @async_test()
@@ -163,7 +163,7 @@ async def test_stream_of_a_plain_pipeline_and_a_slow_consumer():
         return "only"
 
     async with Pipeline([one]) as p:
-        assert [x async for x in p.stream(Request())] == ["only"]
+        assert [x async for x in p.stream(Job())] == ["only"]
 
     produced = []
 
@@ -173,7 +173,7 @@ async def test_stream_of_a_plain_pipeline_and_a_slow_consumer():
             yield i
 
     async with Pipeline([fast], stream_buffer=4) as p:
-        s = p.stream(Request())
+        s = p.stream(Job())
         assert await s.__anext__() == 0
         await settle(20)
         assert len(produced) <= 4 + 2          # paused by the buffer, not run ahead

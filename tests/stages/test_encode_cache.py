@@ -4,13 +4,13 @@ one batch is encoded once, and the embeddings equal an uncached run."""
 import asyncio
 
 import torch
+from test_encode_stage import Recorder, tower  # noqa: F401 - the fixture
 
 from mimo.multimodal.embed_cache import EmbedCache
 from mimo.multimodal.preprocess import Patches
-from mimo.pipeline import Request
+from mimo.multimodal.preprocessed import PreprocessedMedia
+from mimo.stages import ChatRequest
 from mimo.stages.encode import EncodeStage
-from mimo.stages.preprocess import PreprocessedMedia
-from test_encode_stage import Recorder, tower  # noqa: F401 - the fixture
 
 
 def media(key, grid, seed):
@@ -21,7 +21,7 @@ def media(key, grid, seed):
 
 async def run(stage, groups):
     """One batch: the groups' requests arrive together."""
-    reqs = [Request(data={"preprocess": g}) for g in groups]
+    reqs = [ChatRequest(preprocessed=g) for g in groups]
     return await asyncio.gather(*(stage.run(r) for r in reqs))
 
 

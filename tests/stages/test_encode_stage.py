@@ -9,7 +9,8 @@ import torch
 from mimo.config import VisionConfig
 from mimo.models.qwen2_5_vl_vision import Qwen2_5_VisionTransformer
 from mimo.models.tiny.qwen2_5_vl import vision_weights
-from mimo.pipeline import InvalidRequest, Request
+from mimo.pipeline import InvalidRequest
+from mimo.stages import ChatRequest
 from mimo.stages.encode import EncodeStage
 
 SHAPE = dict(depth=2, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=24,
@@ -55,11 +56,11 @@ def test_batched_requests_get_their_own_embeddings(tower):
              [_item((1, 6, 6), 4)]]
     rec = Recorder(enc)
     stage = EncodeStage(rec, patch_dim=vc.patch_dim, max_wait_ms=50)
-    reqs = [Request(data={"preprocess": m}) for m in media]
+    reqs = [ChatRequest(preprocessed=m) for m in media]
     out = _run(stage, reqs)
     assert rec.calls == [24 + 32 + 32 + 36]          # one forward for all four requests
     for m, got, req in zip(media, out, reqs):
-        assert req.data["encode"] is got if m else got == []
+        assert req.embeds is got if m else got == []
         assert len(got) == len(m)
         for item, e in zip(m, got):
             alone = enc(item["pixel_values"], [item["grid_thw"]])
@@ -70,7 +71,7 @@ def test_patch_budget_cuts_batches(tower):
     vc, enc = tower
     rec = Recorder(enc)
     stage = EncodeStage(rec, patch_dim=vc.patch_dim, max_batch_cost=64, max_wait_ms=50)
-    reqs = [Request(data={"preprocess": [_item((1, 4, 8), i)]}) for i in range(5)]   # 32 each
+    reqs = [ChatRequest(preprocessed=[_item((1, 4, 8), i)]) for i in range(5)]   # 32 each
     _run(stage, reqs)
     assert rec.calls == [64, 64, 32]
 
@@ -81,6 +82,6 @@ def test_bad_media_fails_only_its_request(tower):
     bad_grid = {"pixel_values": good["pixel_values"], "grid_thw": (1, 3, 4)}
     bad_rows = {"pixel_values": good["pixel_values"][:5], "grid_thw": (1, 4, 4)}
     stage = EncodeStage(Recorder(enc), patch_dim=vc.patch_dim, max_wait_ms=50)
-    out = _run(stage, [Request(data={"preprocess": [m]}) for m in (good, bad_grid, bad_rows)])
+    out = _run(stage, [ChatRequest(preprocessed=[m]) for m in (good, bad_grid, bad_rows)])
     assert isinstance(out[0], list) and len(out[0]) == 1
     assert isinstance(out[1], InvalidRequest) and isinstance(out[2], InvalidRequest)

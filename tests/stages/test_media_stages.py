@@ -6,20 +6,21 @@ import asyncio
 import base64
 import time
 
-import numpy as np
 import pytest
 import torch
+from multimodal.media_testing import MEDIA_DIR, loopback_server, media_path, send
 
 from mimo.multimodal.config import MediaConfig
+from mimo.multimodal.errors import MediaDecodeError, MediaForbidden
 from mimo.multimodal.image import decode_image
 from mimo.multimodal.item import MediaItem
 from mimo.multimodal.preprocess import ProcessorSettings, preprocess_images, preprocess_video
 from mimo.multimodal.video import VideoDecoder
-from mimo.pipeline import InvalidRequest, Pipeline, Request
+from mimo.pipeline import Pipeline, StageError
+from mimo.stages import ChatRequest
 from mimo.stages.decode_media import DecodeMedia
 from mimo.stages.fetch import Fetch
 from mimo.stages.preprocess import Preprocess
-from multimodal.media_testing import MEDIA_DIR, loopback_server, media_path, send
 
 
 def make_pipeline(cfg: MediaConfig, settings=ProcessorSettings()):
@@ -46,8 +47,9 @@ def test_pipeline_end_to_end():
 
         async def main():
             async with make_pipeline(cfg) as p:
-                req = Request(data={"media": items})
-                return await p.run(req), req
+                req = ChatRequest(media=items)
+                assert await p.run(req) is None       # the stages fill the request
+                return req.preprocessed, req
         out, req = asyncio.run(main())
     assert [o.kind for o in out] == ["image", "image", "video", "image"]
     want_imgs = preprocess_images([decode_image(png, 1 << 30), decode_image(jpg, 1 << 30)])
@@ -74,11 +76,11 @@ def test_downloads_run_concurrently():
     with loopback_server({"/slow.png": slow(0.6, png)}) as (base, seen):
         async def main():
             async with make_pipeline(cfg) as p:
-                reqs = [Request(data={"media": [MediaItem("image", base + f"/slow.png?r={r}&i={i}")
-                                                for i in range(2)]}) for r in range(3)]
+                reqs = [ChatRequest(media=[MediaItem("image", base + f"/slow.png?r={r}&i={i}")
+                                           for i in range(2)]) for r in range(3)]
                 t0 = time.perf_counter()
-                outs = await asyncio.gather(*(p.run(r) for r in reqs))
-                return outs, reqs, time.perf_counter() - t0
+                await asyncio.gather(*(p.run(r) for r in reqs))
+                return [r.preprocessed for r in reqs], reqs, time.perf_counter() - t0
         outs, reqs, elapsed = asyncio.run(main())
     assert len(seen) == 6 and all(len(o) == 2 for o in outs)
     # Six 0.6 s downloads, sequentially 3.6 s; concurrently about 0.6 s (plus decode).
@@ -109,22 +111,29 @@ def test_bad_item_fails_its_request_only():
         p = Pipeline([Fetch(cfg, resolver=resolver, transport=T()), DecodeMedia(cfg),
                       Preprocess()])
         async with p:
-            good = Request(data={"media": [MediaItem("image", "http://ok.example/c.png")]})
-            bad = Request(data={"media": [MediaItem("image", "http://ok.example/c.png"),
-                                          MediaItem("image", "http://meta.example/x")]})
-            corrupt = Request(data={"media": [MediaItem("image", "data:,not-an-image")]})
-            return await asyncio.gather(p.run(good), p.run(bad), p.run(corrupt),
-                                        return_exceptions=True)
+            good = ChatRequest(media=[MediaItem("image", "http://ok.example/c.png")])
+            bad = ChatRequest(media=[MediaItem("image", "http://ok.example/c.png"),
+                                     MediaItem("image", "http://meta.example/x")])
+            corrupt = ChatRequest(media=[MediaItem("image", "data:,not-an-image")])
+            out = await asyncio.gather(p.run(good), p.run(bad), p.run(corrupt),
+                                       return_exceptions=True)
+            return good.preprocessed, *out[1:]
     good, bad, corrupt = asyncio.run(main())
     assert len(good) == 1 and good[0].patches.grid_thw == (1, 28, 42)
-    assert isinstance(bad, InvalidRequest) and bad.stage == "fetch"
-    assert "image 2 of 2" in str(bad) and "169.254.169.254" in str(bad)
-    assert isinstance(corrupt, InvalidRequest) and corrupt.stage == "decode_media"
-    assert "not a decodable image" in str(corrupt)
+    # The stages keep the typed media error (the API maps it to a 400), naming the item.
+    assert isinstance(bad, StageError) and bad.stage == "fetch"
+    assert isinstance(bad.cause, MediaForbidden)
+    assert "image 2 of 2" in str(bad.cause) and "169.254.169.254" in str(bad.cause)
+    assert isinstance(corrupt, StageError) and corrupt.stage == "decode_media"
+    assert isinstance(corrupt.cause, MediaDecodeError)
+    assert "not a decodable image" in str(corrupt.cause)
 
 
 def test_no_media_is_a_no_op():
     async def main():
         async with make_pipeline(MediaConfig()) as p:
-            return await p.run(Request(data={}))
-    assert asyncio.run(main()) == []
+            req = ChatRequest()
+            await p.run(req)
+            return req
+    req = asyncio.run(main())
+    assert req.fetched == [] and req.decoded == [] and req.preprocessed == []

@@ -1,0 +1,52 @@
+"""ChatRequest: the one typed request the serving stages share. The API fills what to
+generate; every later field is written by exactly one stage (named beside it) and read only
+by the stages after it, so each stage's inputs and outputs are declared here.
+
+Serving order: fetch -> decode_media -> preprocess -> encode -> prompt -> generate ->
+detokenize (a text-only model runs prompt -> generate -> detokenize).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..engine.sampling_params import SamplingParams
+from ..multimodal.decoded import DecodedMedia
+from ..multimodal.item import MediaItem
+from ..multimodal.mm_prompt import MMPrompt
+from ..multimodal.preprocessed import PreprocessedMedia
+from ..pipeline import Request
+
+if TYPE_CHECKING:
+    import torch
+
+
+class Usage(NamedTuple):
+    prompt_tokens: int          # as the model sees them: media placeholders expanded
+    completion_tokens: int
+    cached_tokens: int          # prompt tokens whose KV came from the prefix cache
+
+
+@dataclass(eq=False, kw_only=True)
+class ChatRequest(Request):
+    # What to generate (the API). Exactly one of messages, text and token_ids is set.
+    params: SamplingParams = field(default_factory=SamplingParams)
+    messages: list[dict] | None = None     # content: a string, or text/image/video parts
+    text: str | None = None                # a completion's text prompt
+    token_ids: list[int] | None = None     # a completion's prompt as token ids
+    stop: list[str] = field(default_factory=list)
+    media: list[MediaItem] = field(default_factory=list)   # in prompt order
+    # Written by the stages, one writer each:
+    fetched: list[bytes] = field(default_factory=list)               # fetch
+    decoded: list[DecodedMedia] = field(default_factory=list)        # decode_media
+    preprocessed: list[PreprocessedMedia] = field(default_factory=list)   # preprocess
+    embeds: list[torch.Tensor] = field(default_factory=list)         # encode
+    prompt_ids: list[int] = field(default_factory=list)              # prompt (final ids)
+    mm_prompt: MMPrompt | None = None                                # prompt
+    cached_tokens: int = 0                                           # generate
+    engine_queue_wait: float | None = None  # generate: submit -> admission, seconds
+    completion_tokens: int = 0                                       # detokenize
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(len(self.prompt_ids), self.completion_tokens, self.cached_tokens)
