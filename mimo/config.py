@@ -76,7 +76,7 @@ class VisionConfig:
         return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "VisionConfig":
+    def from_dict(cls, data: dict[str, Any]) -> VisionConfig:
         data = dict(data)
         for key in ("fullatt_block_indexes", "image_mean", "image_std"):
             if key in data:
@@ -180,7 +180,7 @@ class ModelConfig:
         return self.swa_kv_heads, self.swa_head_dim, self.swa_v_head_dim
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
         data = dict(data)
         if "layer_types" in data:
             data["layer_types"] = tuple(data["layer_types"])
@@ -205,7 +205,7 @@ class CacheConfig:
     swa_share: float | None = None
     planning_context: int | None = None
     layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
-    prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/prefix_cache.py)
+    prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/radix_cache.py)
     retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/retention.py)
     # A prefix whose SWA window is gone is reused by recomputing only the SWA layers' KV of
     # the receptive field before its end (RadixTree.match `rebuild`); False: cut it back.
@@ -225,7 +225,7 @@ class CacheConfig:
             raise ConfigError(f"retention must be one of {', '.join(POLICIES)}")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "CacheConfig":
+    def from_dict(cls, data: dict[str, Any]) -> CacheConfig:
         data = dict(data)
         if "kv_cache_memory" in data:
             data["kv_cache_memory"] = parse_size(data["kv_cache_memory"])
@@ -268,7 +268,7 @@ class SchedulerConfig:
                 raise ConfigError("length_buckets must be increasing positive token counts")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SchedulerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> SchedulerConfig:
         return _from_dict(cls, data)
 
 
@@ -295,7 +295,7 @@ class RuntimeConfig:
         return self.quantize == "int8"
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "RuntimeConfig":
+    def from_dict(cls, data: dict[str, Any]) -> RuntimeConfig:
         return _from_dict(cls, data)
 
 
@@ -305,8 +305,9 @@ class SpecConfig:
     'mtp' (the model's multi-token-prediction layers; refused for a model without them).
     Each decoding request gets up to `num_draft_tokens` drafts per step, verified by the
     target in the same forward (mtp: clamped to the model's MTP layer count, one draft per
-    layer, rather than refused, so the default works for any MTP model). The n-gram drafter matches the last n tokens, n from
-    `ngram_max` down to `ngram_min`, against the request's earlier tokens."""
+    layer, rather than refused, so the default works for any MTP model). The n-gram drafter
+    matches the last n tokens, n from `ngram_max` down to `ngram_min`, against the request's
+    earlier tokens."""
     speculative: str | None = None
     num_draft_tokens: int = 4
     ngram_max: int = 4
@@ -326,7 +327,7 @@ class SpecConfig:
         return self.speculative is not None
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SpecConfig":
+    def from_dict(cls, data: dict[str, Any]) -> SpecConfig:
         return _from_dict(cls, data)
 
 

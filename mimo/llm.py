@@ -7,12 +7,21 @@
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
-from typing import Any, Iterable
+from typing import Any
 
-from .config import (CacheConfig, ConfigError, EngineConfig, RuntimeConfig, SchedulerConfig,
-                     SpecConfig, parse_size)
+from .config import (
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    RuntimeConfig,
+    SchedulerConfig,
+    SpecConfig,
+    parse_size,
+)
 from .engine.engine import LLMEngine, RequestError
+from .engine.parts import EngineParts
 from .engine.sampling_params import SamplingParams
 
 
@@ -51,16 +60,13 @@ def engine_config(model: str, **opts: Any) -> EngineConfig:
 
 class LLM:
     def __init__(self, model: str = "gemma-3-270m", progress: bool = True, *,
-                 loaded=None, decode_step=None, prefix_match=None, prefill_step=None,
-                 **opts: Any):
+                 loaded=None, parts: EngineParts | None = None, **opts: Any):
         """`model`: a built-in name, a .gguf file or a Hugging Face directory. `loaded`: an
-        already loaded `registry.LoadedModel` (tiny test models built in code).
-        `decode_step` (a `mimo.engine.decode_step.DecodeStep`), `prefill_step` (a
-        `mimo.engine.prefill_step.PrefillStep`) and `prefix_match` (pools -> a
-        `mimo.kvcache.prefix_match.PrefixMatch`) replace those steps of the engine loop."""
+        already loaded `registry.LoadedModel` (tiny test models built in code). `parts`:
+        replaces the engine loop's prefix cache, prefill planner or decode step
+        (`mimo.engine.parts.EngineParts`)."""
         self.engine = LLMEngine(engine_config(model, **opts), loaded=loaded, progress=progress,
-                                decode_step=decode_step, prefix_match=prefix_match,
-                                prefill_step=prefill_step)
+                                parts=parts)
         self.tokenizer = self.engine.tokenizer
 
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import inspect
 import json
 import os
 import sys
@@ -43,7 +42,11 @@ def _log(msg: str) -> None:
 
 
 def _prompts(tok, n_streams: int, n_tokens: int) -> list[list[int]]:
-    import argparse as a, collections, inspect as i, json as j, typing
+    import argparse as a
+    import collections
+    import inspect as i
+    import json as j
+    import typing
     text = "\n\n".join(i.getdoc(m) or "" for m in (a, collections, i, j, typing))
     body = tok.encode(text, add_special_tokens=False)
     step = max(1, (len(body) - n_tokens) // max(1, n_streams))

@@ -23,9 +23,10 @@ After the last request the server must come back to idle (within 30 s) with no K
 use in any pool and, within 10 s more, as many open file descriptors and threads as it had
 after the warm-up: one request, then bursts of `--max-concurrency` at once until the counts
 stand still (asyncio's default executor, which tokenizes text, grows lazily up to a bound and
-keeps its threads; the counts after the single request are reported too). `ok` is all of that plus no stuck or failed request and a
-step stall under `--max-stall`. A run that passes `--timeout` s, or whose engine stops
-stepping for longer than `--request-timeout` + 10 s, stops sending and reports failure.
+keeps its threads; the counts after the single request are reported too). `ok` is all of
+that plus no stuck or failed request and a step stall under `--max-stall`. A run that passes
+`--timeout` s, or whose engine stops stepping for longer than `--request-timeout` + 10 s,
+stops sending and reports failure.
 """
 from __future__ import annotations
 

@@ -110,6 +110,7 @@ def _load(args):
     import atexit
     import shutil
     import tempfile
+
     from ..models import make_tiny
     d = tempfile.mkdtemp(prefix="mimo-bench-spec-")
     atexit.register(shutil.rmtree, d, True)

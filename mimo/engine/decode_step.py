@@ -1,21 +1,18 @@
-"""The decode step of the engine loop, as a pluggable object.
-
-Each engine iteration is: prefix match (at admission, `kvcache.prefix_match.PrefixMatch`),
-prefill chunks (sized by `engine.prefill_step.PrefillStep`) and decode tokens scheduled
-together, then one forward for all of them, run and turned into tokens by the `DecodeStep`.
-Swapping the decode step (plain sampling, speculative verification, anything else) touches
-neither the scheduler nor the other two steps:
+"""The decode step of the engine loop (one of the `EngineParts`): runs the step's one
+forward and turns it into tokens. Plain sampling, speculative verification, anything else:
 
     propose(running) -> {seq: draft tokens} | None   # before scheduling: tokens to verify
     execute(runner, head, chunks) -> [[tokens]]      # one forward; tokens per sampled chunk
-    settle(chunk, emitted)                           # what was appended (cut at a stop);
-                                                     # set chunk.kept to roll back KV
+    settle(chunk, emitted) -> kept | None            # what was appended (cut at a stop);
+                                                     # kept: leading positions of the chunk
+                                                     # whose KV stays (None: all of them)
     end_step()                                       # after every settle of a step
     finished(seq)                                    # the request is gone
 
 `num_draft` tells the scheduler how many extra tokens a decode chunk may carry (it reserves
 SWA for them); `swa_lag`, how many positions behind the computed length SWA release must
-trail (a drafter with its own KV that lags the target, like MTP). The engine appends tokens up to a stop, then commits the step.
+trail (a drafter with its own KV that lags the target, like MTP). The engine appends tokens
+up to a stop, then commits the step, rolling back the KV of positions past `kept`.
 """
 from __future__ import annotations
 
@@ -36,13 +33,16 @@ class DecodeStep(ABC):
         """Run the model once over `chunks`; the tokens to append for each chunk with
         `sample` set, in order."""
 
-    def settle(self, chunk, emitted: list[int]) -> None:
+    def settle(self, chunk, emitted: list[int]) -> int | None:
+        """`emitted`: the tokens appended for `chunk`. Returns how many leading positions
+        of the chunk keep their KV (fewer than `chunk.n`: the rest is rolled back), or None
+        to keep all."""
+        return None
+
+    def end_step(self) -> None:  # noqa: B027 (optional hook)
         pass
 
-    def end_step(self) -> None:
-        pass
-
-    def finished(self, seq) -> None:
+    def finished(self, seq) -> None:  # noqa: B027 (optional hook)
         pass
 
 

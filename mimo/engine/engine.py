@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from typing import Callable
 
 import torch
 
@@ -14,12 +13,10 @@ from ..kvcache.allocator import OutOfPages
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
 from ..models import registry
-from ..kvcache.prefix_match import PrefixMatch
-from .decode_step import DecodeStep, PlainDecode
-from .prefill_step import PrefillStep
+from .parts import EngineParts
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence, Status
 
 log = logging.getLogger("mimo.engine")
@@ -49,14 +46,10 @@ class EngineStopped(RuntimeError):
 
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: registry.LoadedModel | None = None,
-                 progress: bool = True, decode_step: DecodeStep | None = None,
-                 prefix_match: Callable[[DualPool], PrefixMatch] | None = None,
-                 prefill_step: PrefillStep | None = None):
-        """`decode_step`: replaces the loop's decode step (default: plain sampling, or
-        speculative decoding when `config.spec` asks for it). `prefix_match`: builds the
-        prefix cache from the engine's pools (default: the SWA-aware radix tree when
-        `config.cache.prefix_cache`). `prefill_step`: plans prefill chunks (default:
-        chunked prefill up to the step's token budget)."""
+                 progress: bool = True, parts: EngineParts | None = None):
+        """`loaded`: an already loaded model (default: load `config.model`). `parts`: the
+        prefix cache, prefill planner and decode step (`EngineParts`; each one left None
+        is built from `config`)."""
         self.config = config
         rt = config.runtime
         if rt.num_threads:
@@ -78,24 +71,15 @@ class LLMEngine:
         full_pages, swa_pages = plan_pages(layout, cc, context,
                                            chunk=config.scheduler.max_num_batched_tokens)
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
-        self.cache = prefix_match(self.pool) if prefix_match is not None else None
-        if self.cache is None and cc.prefix_cache:
-            from ..kvcache.prefix_cache import PrefixCache
-            self.cache = PrefixCache(self.pool, cc.retention, rebuild=cc.window_rebuild)
+        parts = parts or EngineParts()
+        self.cache = parts.build_prefix_cache(cc, self.pool)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
-        self.spec = None            # the speculative decoder, when there is one (its stats)
-        if decode_step is None and config.spec.enabled:
-            from ..spec import make_drafter
-            from ..spec.decoder import SpecDecoder
-            decode_step = SpecDecoder(make_drafter(config.spec, mc, self.model, self.runner),
-                                      config.spec.num_draft_tokens)
-        self.decode = decode_step or PlainDecode()
-        if self.decode.num_draft:
-            self.spec = self.decode
+        self.decode = parts.build_decode(config, mc, self.model, self.runner)
+        self.spec = self.decode if self.decode.num_draft else None  # a drafting step (stats)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
                                    num_draft=self.decode.num_draft, swa_lag=self.decode.swa_lag,
-                                   prefill=prefill_step)
+                                   prefill=parts.build_prefill())
         self.failed_steps = 0       # steps that raised (each failed only its requests)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
@@ -181,6 +165,7 @@ class LLMEngine:
         sampled = [c for c in chunks if c.sample]
         tokens = dec.execute(self.runner, self.model.lm_head, chunks)
         out = []
+        kept: dict[ScheduledChunk, int] = {}
         for c, toks in zip(sampled, tokens):
             emitted = []
             for t in toks:              # never past a stop: the rest of an accepted draft is dropped
@@ -189,9 +174,11 @@ class LLMEngine:
                 out.append((c.seq, t))
                 if c.seq.finish_reason is not None:
                     break
-            dec.settle(c, emitted)
+            k = dec.settle(c, emitted)
+            if k is not None:
+                kept[c] = k
         dec.end_step()
-        sched.commit(chunks)
+        sched.commit(chunks, kept)
         for c in chunks:
             if c.seq.finish_reason is not None:
                 dec.finished(c.seq)
@@ -227,7 +214,6 @@ class LLMEngine:
         chunks of `chunk` tokens (default: one chunk). For scoring and reference checks; it
         bypasses the scheduler, so call it on an idle engine. `mm`: an MMPrompt (vision
         embeddings and 3-D positions) for multimodal models."""
-        from .scheduler import ScheduledChunk
         if self.scheduler.has_work():
             raise RuntimeError("prompt_logits needs an idle engine")
         if not prompt_ids or len(prompt_ids) > self.max_model_len:

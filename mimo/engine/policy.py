@@ -27,7 +27,9 @@ import bisect
 import heapq
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Iterator, Sequence as Seq
+from collections.abc import Callable, Iterator
+from collections.abc import Sequence as Seq
+from typing import Any
 
 
 class WaitingPolicy(ABC):
@@ -118,13 +120,6 @@ class _KeyedHeap(WaitingPolicy):
         while self._heap and self._heap[0][2] is None:      # admissions mostly take the top
             heapq.heappop(self._heap)
 
-    def refresh(self, seq=None) -> None:
-        """Recompute the key of `seq` (all requests if None), e.g. after the prefix cache
-        changed what it holds for them. Keeps each request's `since`."""
-        for s in ([seq] if seq is not None else list(self._entry)):
-            self._drop(s)
-            self._add(s, self._since[s])
-
     def candidates(self, now: float | None = None, bucket: int | None = None) -> Iterator:
         heap = list(self._heap)             # snapshot: pushes reorder self._heap in place
         frontier = [(heap[0], 0)] if heap else []
@@ -188,12 +183,6 @@ class ComputeAware(_KeyedHeap):
         """since + u/a: no request pushed later goes before `seq`; from then on it blocks."""
         return self._entry[seq][0] / self.aging if self.aging else math.inf
 
-    def max_wait_bound(self, seq, drain_s: float = 0.0) -> float:
-        """Bound on `seq`'s wait: u/a + drain_s, drain_s = drain(deadline(seq)) (see the class
-        docstring); u as last keyed while waiting, else as now; <= max_uncached/a + drain_s."""
-        u = self._entry[seq][3] if seq in self._entry else self.uncached_tokens(seq)
-        return (u / self.aging if self.aging else math.inf) + drain_s
-
     def may_skip(self, seq, now: float) -> bool:
         return now < self.deadline(seq)
 
@@ -220,11 +209,6 @@ class LengthBuckets(WaitingPolicy):
         self._length = length or (lambda s: len(s.prompt_ids))
         self._where: dict[Any, int] = {}
         self._turn = 0
-
-    @classmethod
-    def for_context(cls, max_model_len: int, fractions: Seq[float] = (1 / 16, 1 / 4), **kw):
-        """Boundaries scaled to the context: 1M tokens -> 0-64K / 64K-256K / 256K-1M."""
-        return cls(sorted({max(1, int(max_model_len * f)) for f in fractions}), **kw)
 
     num_buckets = property(lambda self: len(self.buckets))
 

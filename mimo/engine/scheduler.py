@@ -1,4 +1,5 @@
-"""Continuous batching with chunked prefill. Bookkeeping only: never imports the model.
+"""Continuous batching with chunked prefill. Bookkeeping only: never imports the model or
+torch (tests/engine/test_scheduler.py drives it on bookkeeping-only pools).
 
 Each step: every running request in decode gets its one token, then prefill chunks (running
 requests first, then newly admitted ones in queue order) fill the rest of the token budget.
@@ -17,7 +18,7 @@ chunk fits every step, nothing deadlocks and no request dies mid-generation; a r
 does not fit waits until running ones finish and free their pages.
 
 The lock rule (what the prefix cache's lock pins against what is reserved), kept here in
-`need` and in `PrefixCache.sync` / `pinned_outside`: every full page a running request's
+`need` and in `RadixPrefixCache.sync` / `pinned_outside`: every full page a running request's
 lock pins is in the request's own table (sync adopts the tree's copy of tokens the request
 recomputed before moving the lock onto it), and so is counted by its full reservation; the
 SWA pages the lock pins are the window before the lock's node, and those of them no longer
@@ -41,24 +42,20 @@ the steady SWA reservation grows by it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config import SchedulerConfig
-from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import swa_steady_pages, swa_transient_pages
 from .policy import WaitingPolicy, make_policy
-from .prefill_step import PrefillStep
+from .prefill_planner import ChunkedPrefill, PrefillPlanner
+from .scheduled_chunk import ScheduledChunk
 from .sequence import NO_CACHE, Sequence, Status
 
+if TYPE_CHECKING:
+    from ..kvcache.dual_pool import DualPool
+    from ..kvcache.prefix_cache import PrefixCache
 
-@dataclass
-class ScheduledChunk:
-    seq: Sequence
-    start: int          # first position computed this step
-    n: int              # tokens computed this step
-    sample: bool        # this chunk ends at the last known token: sample the next one
-    draft: list[int] = field(default_factory=list)  # speculative tokens after it (its last rows)
-    kept: int | None = None   # set after verification: leading positions whose KV stays (n if None)
+__all__ = ["Scheduler", "ScheduledChunk"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -66,14 +63,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache=None, num_draft: int = 0,
-                 swa_lag: int = 0, prefill: PrefillStep | None = None):
+    def __init__(self, cfg: SchedulerConfig, pool: DualPool, cache: PrefixCache | None = None,
+                 num_draft: int = 0, swa_lag: int = 0, prefill: PrefillPlanner | None = None):
         self.cfg = cfg
         self.num_draft = num_draft
         self.swa_lag = swa_lag
         self.pool = pool
-        self.cache = cache          # a PrefixMatch (kvcache/prefix_match.py) or None
-        self.prefill = prefill or PrefillStep()
+        self.cache = cache          # None: no prefix caching
+        self.prefill = prefill or ChunkedPrefill()
         opts = {}
         if cfg.policy == "compute-aware":
             # Uncached tokens as the prefix cache stands when the request arrives.
@@ -314,12 +311,17 @@ class Scheduler:
         self.waiting.push(seq, self.clock(), since=seq.queued_at)
 
     # ---- after the model ran -------------------------------------------------------
-    def commit(self, chunks: list[ScheduledChunk]) -> None:
-        """Advance computed counts, release out-of-window SWA, retire finished requests."""
+    def commit(self, chunks: list[ScheduledChunk],
+               kept: dict[ScheduledChunk, int] | None = None) -> None:
+        """Advance computed counts, release out-of-window SWA, retire finished requests.
+        `kept`: for chunks whose later positions were rejected (drafts), how many leading
+        positions keep their KV; the rest is rolled back. Other chunks keep all `n`."""
+        kept = kept or {}
         for c in chunks:
             seq = c.seq
-            seq.num_computed = c.start + (c.n if c.kept is None else c.kept)
-            if c.kept is not None and c.kept < c.n:     # rejected drafts: roll their KV back
+            k = kept.get(c, c.n)
+            seq.num_computed = c.start + k
+            if k < c.n:                     # rejected drafts: roll their KV back
                 self.pool.truncate(seq.kv, seq.num_computed)
             # SWA is kept from `kept_from` on (a lagging drafter still reads it); the cache
             # takes KV only up to there (the lock rule above).

@@ -1,13 +1,16 @@
-"""A request's state inside the engine. Owned by the scheduler; the runner reads it."""
+"""A request's state inside the engine. Owned by the scheduler; the runner reads it.
+Bookkeeping only: no torch at run time (the generator is created by the engine)."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from ..kvcache.dual_pool import SeqKV
+from ..kvcache.seq_kv import SeqKV
 from .sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 NO_CACHE = object()     # a Sequence.cache_namespace: keep this request out of the prefix cache
@@ -59,7 +62,7 @@ class Sequence:
         if self.queued_at is None or self.admitted_at is None:
             return None
         return self.admitted_at - self.queued_at
-    # Multimodal prompts (an engine.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
+    # Multimodal prompts (a multimodal.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
     # None for text, which then runs exactly as before.
     mm: object | None = None
     spec_stats: object = None      # mimo.spec.SpecStats once speculative decoding ran for it

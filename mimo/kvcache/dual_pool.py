@@ -1,53 +1,33 @@
 """The two pools of a hybrid-SWA model and the pages each request holds in them.
 
 Ownership: a `SeqKV` lists the pages its request holds; only `DualPool` moves pages between a
-sequence and the allocators. Logical page p of a sequence covers token positions
-[p * page_size, (p + 1) * page_size). Its full page is kept for the sequence's life; its SWA
+sequence and the allocators. A request's full page is kept for the sequence's life; its SWA
 page is released as soon as every position in it is older than the window, so a request
-holds at most about window + chunk + one page of SWA slots whatever its length.
+holds at most about window + chunk + one page of SWA slots whatever its length. Pages a
+prefix cache shares with requests are the cache's: the pool learns which through the one
+`PageOwner` attached to it (`attach_owner`) and never frees them for a request.
 
-`full_to_swa[full_slot]` gives the SWA slot holding the same token's SWA-layer KV, or -1
-(no SWA KV: never written, or released). The rest of the system addresses a sequence by
-full slots; SWA layers translate through this map.
+With storage (`allocate=True`) the pool also keeps `full_to_swa` (`SlotMap`: full slot ->
+SWA slot of the same token, -1 where there is no SWA KV) in step with the page tables. The
+rest of the system addresses a sequence by full slots; SWA layers translate through it.
+Without storage the pool is bookkeeping only and never imports torch.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from .allocator import OutOfPages
 from .layout import KVLayout
-from .pool import PagedKVPool
+from .page_owner import NO_OWNER, PageOwner
+from .pool import KVPool
+from .seq_kv import SeqKV
 
+if TYPE_CHECKING:
+    import torch
 
-@dataclass
-class SeqKV:
-    full_pages: list[int] = field(default_factory=list)
-    swa_pages: list[int | None] = field(default_factory=list)   # None: released
-    swa_released: int = 0      # logical pages [0, swa_released) have no SWA page
-    node: object = None        # prefix-cache node this request holds a lock on (or None)
-    # Logical pages whose SWA a prefix cache wants offered when the request is inserted
-    # (its retention checkpoints): window release holds them instead of freeing them.
-    keep_swa: frozenset = frozenset()
-    branch_len: int = 0        # where the request left the cached path at admission
-    namespace: object = None   # its prefix-cache key space (None: plain token ids)
-    # A window rebuild (RadixTree.match): the request holds the cache's full pages up to
-    # `full_cached_to` but computes from `swa_floor` on. Its full layers must not write
-    # positions below full_cached_to (the shared pages already hold that KV); its SWA
-    # queries see no keys below swa_floor; its SWA KV is exact only from `swa_exact_from`
-    # on, so pages starting earlier are never offered to the cache. Zeros otherwise.
-    full_cached_to: int = 0
-    swa_floor: int = 0
-    swa_exact_from: int = 0
-    lock_window: bool = True   # its cache lock covers the SWA window (False: rebuild lock)
+    from .slot_map import SlotMap
 
-    @property
-    def capacity_tokens(self) -> int:
-        return len(self.full_pages)
-
-    def live_swa_pages(self) -> int:
-        return sum(p is not None for p in self.swa_pages)
+__all__ = ["DualPool", "SeqKV"]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -56,24 +36,58 @@ def _cdiv(a: int, b: int) -> int:
 
 class DualPool:
     def __init__(self, layout: KVLayout, full_pages: int, swa_pages: int, page_size: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
                  allocate: bool = True):
+        """`dtype` (default float32) and `device`: of the K/V storage, which exists only
+        with `allocate`."""
         self.layout = layout
         self.page_size = page_size
         self.window = layout.window
         self.hybrid = layout.hybrid and bool(layout.swa)
-        self.full = PagedKVPool("full", layout.full, full_pages, page_size, dtype, device, allocate)
-        self.swa = PagedKVPool("swa", layout.swa, swa_pages if self.hybrid else 0, page_size,
-                               dtype, device, allocate)
-        self.full_to_swa = (torch.full((full_pages * page_size,), -1, dtype=torch.int64)
-                            if allocate and self.hybrid else None)
+        swa_pages = swa_pages if self.hybrid else 0
+        full_kv = swa_kv = None
+        self._map: SlotMap | None = None
+        if allocate:
+            # Storage is torch's: imported here so bookkeeping-only pools never load it.
+            from .kv_tensors import KVTensors
+            from .slot_map import SlotMap
+            full_kv = KVTensors(layout.full, full_pages * page_size, dtype, device)
+            swa_kv = KVTensors(layout.swa, swa_pages * page_size, dtype, device)
+            if self.hybrid:
+                self._map = SlotMap(full_pages, page_size)
+        self.full = KVPool("full", layout.full, full_pages, page_size, full_kv)
+        self.swa = KVPool("swa", layout.swa, swa_pages, page_size, swa_kv)
         # Live SeqKVs by id. Holding the object keeps its id from being reused, so a sequence
         # dropped without free_seq stays counted (a leak shows) and a foreign one is caught.
         self._seqs: dict[int, SeqKV] = {}
-        # Set by a prefix cache: pages it owns are shared, never freed by a sequence.
-        self.cache_attached = False
-        self.is_shared_full = lambda page: False
-        self.is_shared_swa = lambda page: False
+        self._owner: PageOwner = NO_OWNER
+
+    # ---- page ownership -----------------------------------------------------------------
+    def attach_owner(self, owner: PageOwner) -> None:
+        """Share pages with `owner` (a prefix cache): from now on a page it owns is never
+        freed by a request (`free_seq`, window release, rollback, adopt). One owner per
+        pool, attached before any request holds pages."""
+        if self._owner is not NO_OWNER:
+            raise RuntimeError("this pool already shares its pages with an owner")
+        if self._seqs:
+            raise RuntimeError("attach the page owner before any request holds pages")
+        self._owner = owner
+
+    @property
+    def has_owner(self) -> bool:
+        return self._owner is not NO_OWNER
+
+    def is_shared_full(self, page: int) -> bool:
+        """Whether a full page in some request's table is the owner's, not the request's."""
+        return self._owner.owns_full(page)
+
+    def is_shared_swa(self, page: int) -> bool:
+        return self._owner.owns_swa(page)
+
+    @property
+    def full_to_swa(self) -> torch.Tensor | None:
+        """The full -> SWA slot map (None without storage or without SWA layers)."""
+        return None if self._map is None else self._map.table
 
     # ---- sizing questions the scheduler asks -------------------------------------------
     def pages_to_grow(self, seq: SeqKV, new_len: int) -> tuple[int, int]:
@@ -82,11 +96,6 @@ class DualPool:
         n = _cdiv(new_len, self.page_size)
         need = max(n - len(seq.full_pages), 0)
         return need, (max(n - len(seq.swa_pages), 0) if self.hybrid else 0)
-
-    def can_grow(self, seq: SeqKV, new_len: int, reserve: tuple[int, int] = (0, 0)) -> bool:
-        f, s = self.pages_to_grow(seq, new_len)
-        return (self.full.allocator.num_free - reserve[0] >= f
-                and self.swa.allocator.num_free - reserve[1] >= s)
 
     # ---- page movement ----------------------------------------------------------------
     def new_seq(self) -> SeqKV:
@@ -110,12 +119,11 @@ class DualPool:
             # SWA pages beside full pages the request already held (a rebuild's, the prefix
             # cache's) stay unmapped: those full pages are shared, their map is the cache's.
             seq.swa_pages.extend(sp)
-            if self.full_to_swa is not None:
-                P = self.page_size
-                ar = torch.arange(P)
+            if self._map is not None:
                 for j in range(first, len(seq.full_pages)):
-                    fpage, spage = seq.full_pages[j], seq.swa_pages[j]
-                    self.full_to_swa[fpage * P:(fpage + 1) * P] = spage * P + ar
+                    spage = seq.swa_pages[j]
+                    assert spage is not None    # beside a new full page: new in both pools
+                    self._map.map(seq.full_pages[j], spage)
         assert len(seq.full_pages) == first + f
 
     def release_window(self, seq: SeqKV, seq_len: int) -> int:
@@ -168,7 +176,7 @@ class DualPool:
         """Point logical pages of `seq` at the prefix cache's copies of the same KV:
         `full` / `swa` map a logical page to the cache's page. The request's own pages they
         replace are freed (a request that recomputed tokens the cache already held, then
-        moves its lock onto the cache's copy: see `PrefixCache.sync`)."""
+        moves its lock onto the cache's copy: see `RadixPrefixCache.sync`)."""
         free_f, free_s = [], []
         for i, page in full.items():
             own = seq.full_pages[i]
@@ -179,12 +187,12 @@ class DualPool:
             free_f.append(own)
             seq.full_pages[i] = page
         for i, page in swa.items():
-            own = seq.swa_pages[i]
-            if own is None or own == page:
+            own_swa = seq.swa_pages[i]
+            if own_swa is None or own_swa == page:
                 continue            # released: the request no longer reads it
-            assert not self.is_shared_swa(own), "adopting over another cached SWA page"
-            self._unmap_if(seq.full_pages[i], own)
-            free_s.append(own)
+            assert not self.is_shared_swa(own_swa), "adopting over another cached SWA page"
+            self._unmap_if(seq.full_pages[i], own_swa)
+            free_s.append(own_swa)
             seq.swa_pages[i] = page
         self.full.allocator.free(free_f)
         self.swa.allocator.free(free_s)
@@ -215,54 +223,40 @@ class DualPool:
 
     def map_pages(self, full_page: int, swa_page: int) -> None:
         """Record that `swa_page` holds the SWA KV of `full_page`'s tokens."""
-        if self.full_to_swa is not None:
-            P = self.page_size
-            self.full_to_swa[full_page * P:(full_page + 1) * P] = swa_page * P + torch.arange(P)
+        if self._map is not None:
+            self._map.map(full_page, swa_page)
 
     def _unmap_if(self, full_page: int, swa_page: int) -> None:
-        """Unmap `full_page` if it still maps to `swa_page` (a cached full page may have
-        been re-paired with the cache's own SWA page meanwhile)."""
-        if self.full_to_swa is not None:
-            P = self.page_size
-            if int(self.full_to_swa[full_page * P]) == swa_page * P:
-                self.full_to_swa[full_page * P:(full_page + 1) * P] = -1
+        if self._map is not None:
+            self._map.unmap_if(full_page, swa_page)
 
     def _unmap(self, full_page: int) -> None:
-        if self.full_to_swa is not None:
-            P = self.page_size
-            self.full_to_swa[full_page * P:(full_page + 1) * P] = -1
+        if self._map is not None:
+            self._map.unmap(full_page)
 
     # ---- addressing ---------------------------------------------------------------------
     def full_slots(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end)
-        pages = torch.tensor(seq.full_pages, dtype=torch.int64)
-        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
+        from .slot_map import page_slots
+        return page_slots(seq.full_pages, start, end, self.page_size)
 
     def swa_slots(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
         """SWA slots of positions [start, end); every one must still be live."""
         if not self.hybrid:
             return self.full_slots(seq, start, end)
-        pos = torch.arange(start, end)
-        lp = pos // self.page_size
-        pages = torch.tensor([-1 if p is None else p for p in seq.swa_pages], dtype=torch.int64)
-        sp = pages[lp]
-        if start < end and bool((sp < 0).any()):
-            raise RuntimeError(f"SWA KV for positions [{start}, {end}) was already released")
-        return sp * self.page_size + pos % self.page_size
+        from .slot_map import page_slots
+        return page_slots(seq.swa_pages, start, end, self.page_size, "SWA KV")
 
     # ---- accounting ---------------------------------------------------------------------
     def check_integrity(self) -> None:
         self.full.check_integrity()
         self.swa.check_integrity()
-        if self.full_to_swa is not None:
-            if self.cache_attached:
-                mapped = torch.unique(self.full_to_swa[self.full_to_swa >= 0]).numel()
-                held = self.swa.allocator.num_in_use + self.swa.allocator.num_evictable
-                assert mapped <= held * self.page_size, \
+        if self._map is not None:
+            held = self.swa.allocator.num_in_use + self.swa.allocator.num_evictable
+            if self.has_owner:      # a cached SWA page may be mapped from two full pages
+                assert self._map.distinct_targets() <= held * self.page_size, \
                     "full->SWA map points at SWA slots no one holds"
             else:
-                mapped = int((self.full_to_swa >= 0).sum())
-                assert mapped == self.swa.allocator.num_in_use * self.page_size, \
+                assert self._map.mapped_slots() == self.swa.allocator.num_in_use * self.page_size, \
                     "full->SWA map disagrees with the SWA pool's pages in use"
 
     @property

@@ -35,11 +35,11 @@ class KVLayout:
 
     @property
     def full_bytes_per_token(self) -> int:
-        return sum(l.elems for l in self.full) * self.dtype_bytes
+        return sum(lay.elems for lay in self.full) * self.dtype_bytes
 
     @property
     def swa_bytes_per_token(self) -> int:
-        return sum(l.elems for l in self.swa) * self.dtype_bytes
+        return sum(lay.elems for lay in self.swa) * self.dtype_bytes
 
     @property
     def swa_receptive_field(self) -> int:
@@ -56,7 +56,7 @@ class KVLayout:
         return full + self.swa_bytes_per_token * min(context, self.window + page_size)
 
     @classmethod
-    def from_model(cls, cfg: ModelConfig, dtype: str, layout: str = "hybrid") -> "KVLayout":
+    def from_model(cls, cfg: ModelConfig, dtype: str, layout: str = "hybrid") -> KVLayout:
         kinds = cfg.kv_layer_types          # MTP layers count as SWA layers
         full = [LayerKV(*cfg.kv_shape("full")) for t in kinds if t == "full"]
         swa = [LayerKV(*cfg.kv_shape("swa")) for t in kinds if t == "swa"]

@@ -1,21 +1,31 @@
-"""The prefix-match step: what the scheduler asks of a prefix cache, and nothing more.
+"""PrefixCache: what the scheduler asks of a prefix cache, and nothing more.
 
-The scheduler holds one `PrefixMatch` (or None: no caching) and calls only these methods, so
+The scheduler holds one `PrefixCache` (or None: no caching) and calls only these methods, so
 another cache (a different tree, a tiered store, an external KV service) plugs in without
-touching the scheduler or the decode step. `PrefixCache` is the SWA-aware radix tree's.
+touching the scheduler or the decode step (`EngineParts.prefix_cache`). The SWA-aware radix
+tree's is `RadixPrefixCache` (radix_cache.py), the default.
 
 Ownership rule every implementation keeps: a page it shares with a request is never freed by
-`DualPool.free_seq` (the pool's `is_shared_*` hooks say which), and a page a running request
-reads is never evicted while it runs.
+`DualPool.free_seq` (the cache attaches itself to the pool as its `PageOwner`, whose
+`owns_full` / `owns_swa` say which pages are shared), and a page a running request reads is
+never evicted while it runs.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .dual_pool import SeqKV
+from .seq_kv import SeqKV
 
 
-class PrefixMatch(ABC):
+class PrefixCache(ABC):
+    @abstractmethod
+    def owns_full(self, page: int) -> bool:
+        """Whether a full page is the cache's (`PageOwner`): no request frees it."""
+
+    @abstractmethod
+    def owns_swa(self, page: int) -> bool:
+        """Whether an SWA page is the cache's (`PageOwner`)."""
+
     @abstractmethod
     def cached_len(self, tokens: list[int], namespace=None) -> int:
         """Tokens a request admitted now would reuse; no side effects (queue ordering)."""

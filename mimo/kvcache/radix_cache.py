@@ -1,5 +1,5 @@
-"""PrefixCache: the engine's side of the radix tree. Moves a request's pages between its
-SeqKV and the tree, keeping every page owned exactly once.
+"""RadixPrefixCache: the `PrefixCache` over the SWA-aware radix tree. Moves a request's
+pages between its SeqKV and the tree, keeping every page owned exactly once.
 
 Ownership: a page in `seq.full_pages` / `seq.swa_pages` is either the request's own (freed
 by `DualPool.free_seq`) or the tree's (`tree.owns_*`), which the request never frees.
@@ -18,16 +18,17 @@ table, and the scheduler reserves the lock's window pages the table no longer ho
 (`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the
 tree takes what it wants, reviving tombstones with pages the request recomputed, and the
 rest is freed.
-""" 
+"""
 from __future__ import annotations
 
-from ..kvcache.dual_pool import DualPool, SeqKV
-from .prefix_match import COUNTERS, PrefixMatch
+from .dual_pool import DualPool
+from .prefix_cache import COUNTERS, PrefixCache
 from .radix_tree import RadixTree
 from .retention import POLICIES, RetentionPolicy
+from .seq_kv import SeqKV
 
 
-class PrefixCache(PrefixMatch):
+class RadixPrefixCache(PrefixCache):
     def __init__(self, pool: DualPool, retention: str | RetentionPolicy = "hybrid-output",
                  rebuild: bool = True):
         policy = POLICIES[retention] if isinstance(retention, str) else retention
@@ -39,9 +40,7 @@ class PrefixCache(PrefixMatch):
                               pool.swa.allocator if pool.hybrid else None, policy,
                               mode="hybrid" if pool.hybrid else "full-kv",
                               unmap=pool.unmap_full_pages, rebuild=self.rebuild)
-        pool.cache_attached = True
-        pool.is_shared_full = self.owns_full
-        pool.is_shared_swa = self.owns_swa
+        pool.attach_owner(self)
 
     def owns_full(self, page: int) -> bool:
         return self.tree.owns_full(page)

@@ -255,7 +255,7 @@ class EvictMixin:
         seen_f, seen_s, evict_f, evict_s = set(), set(), 0, 0
         for root in self._roots.values():
             assert root.parent is None and not root.full and root.end == 0
-            for key, c in root.children.items():
+            for c in root.children.values():
                 assert c.parent is root
         for n in self._nodes():
             p = n.parent

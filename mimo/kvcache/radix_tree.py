@@ -38,14 +38,13 @@ structural helpers in `radix_node.py`.
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 import numpy as np
 
 from .allocator import PageAllocator
 from .radix_evict import EvictMixin
-from .radix_node import (NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node,  # noqa: F401
-                         TreeCore)
+from .radix_node import NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node, TreeCore  # noqa: F401
 from .retention import RetentionPolicy, window_first_page
 
 MODES = ("hybrid", "full-kv", "off")

@@ -4,8 +4,8 @@ Per engine step: `propose` drafts for every request in decode (the scheduler tur
 one chunk of last token + drafts, so all drafts of all requests are verified in the same
 forward as the prefill chunks), `execute` runs the target and returns the tokens each sampled
 chunk would append, the engine appends them up to a stop, and `settle` records what was kept:
-`chunk.kept` tells the scheduler's commit how many positions of the chunk keep their KV (the
-rest is rolled back there), and the drafter hears the verdict.
+it returns how many positions of the chunk keep their KV (the engine hands that to the
+scheduler's commit, which rolls the rest back), and the drafter hears the verdict.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ class SpecDecoder(DecodeStep):
             rows = [r + i for c, r in greedy for i in range(1 + len(c.draft))]
             target = head.greedy(hidden.index_select(0, torch.tensor(rows)))
             j = 0
-            for c, r in greedy:
+            for c, _ in greedy:
                 m = 1 + len(c.draft)
                 out[id(c)] = greedy_accept(c.draft, target[j:j + m])
                 j += m
@@ -71,7 +71,7 @@ class SpecDecoder(DecodeStep):
             rows = [r + i for c, r in rest for i in range(1 + len(c.draft))]
             logits = head.logits(hidden.index_select(0, torch.tensor(rows)))
             j = 0
-            for c, r in rest:
+            for c, _ in rest:
                 p, m = c.seq.params, 1 + len(c.draft)
                 if not c.draft:   # exactly what plain sampling does, same generator draws
                     out[id(c)] = [sample_row(logits[j], p.temperature, p.top_p, p.top_k,
@@ -85,14 +85,14 @@ class SpecDecoder(DecodeStep):
         self._rows = {id(c): (r, len(out[id(c)]) - 1) for c, r in spans}
         return [out[id(c)] for c, _ in spans]
 
-    def settle(self, chunk, emitted: list[int]) -> None:
-        """`emitted`: the tokens actually appended for `chunk` (cut at a stop)."""
+    def settle(self, chunk, emitted: list[int]) -> int | None:
+        """`emitted`: the tokens actually appended for `chunk` (cut at a stop). Returns
+        the positions whose KV stays: the last known token and the accepted drafts."""
         seq = chunk.seq
         if chunk.start < seq.prefill_end:
-            return                      # the prompt's last chunk: nothing was drafted
+            return None                 # the prompt's last chunk: nothing was drafted
         r, accepted = self._rows.pop(id(chunk))
         # Position start holds the last known token; start + i the i-th accepted draft.
-        chunk.kept = len(emitted)
         if seq.spec_stats is None:
             seq.spec_stats = SpecStats()
         for s in (seq.spec_stats, self.totals):
@@ -101,6 +101,7 @@ class SpecDecoder(DecodeStep):
         if self._hidden is not None:
             hidden = self._hidden[r:r + len(emitted)]
         self.drafter.on_verified(seq, chunk.start, list(emitted), hidden)
+        return len(emitted)
 
     def end_step(self) -> None:
         """Every chunk is settled; the scheduler commits next."""

@@ -54,14 +54,14 @@ class Drafter(ABC):
         """[len(draft), vocab] probabilities the last proposal for `seq` was drawn from."""
         raise NotImplementedError
 
-    def on_prefill(self, seq, start: int, n: int, hidden) -> None:
+    def on_prefill(self, seq, start: int, n: int, hidden) -> None:  # noqa: B027 (optional hook)
         pass
 
-    def on_verified(self, seq, start: int, accepted: list[int], hidden) -> None:
+    def on_verified(self, seq, start: int, accepted: list[int], hidden) -> None:  # noqa: B027 (optional hook)
         pass
 
-    def on_step_end(self) -> None:
+    def on_step_end(self) -> None:  # noqa: B027 (optional hook)
         pass
 
-    def on_finished(self, seq) -> None:
+    def on_finished(self, seq) -> None:  # noqa: B027 (optional hook)
         pass

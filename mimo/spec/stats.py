@@ -30,7 +30,7 @@ class SpecStats:
         for i in range(n_accepted):
             self.accepted[i] += 1
 
-    def add(self, other: "SpecStats") -> None:
+    def add(self, other: SpecStats) -> None:
         self.steps += other.steps
         self.emitted += other.emitted
         for i in range(len(other.drafted)):

@@ -11,6 +11,7 @@ from mimo.config import ServerConfig
 from mimo.engine.async_engine import AsyncEngine
 from mimo.engine.decode_step import PlainDecode
 from mimo.engine.engine import LLMEngine
+from mimo.engine.parts import EngineParts
 from mimo.llm import engine_config
 
 
@@ -32,7 +33,7 @@ class FailCalls(PlainDecode):
 
 def _serve(d, step):
     eng = LLMEngine(engine_config(str(d), dtype="float32", kv_cache_memory="4MiB", page_size=4),
-                    progress=False, decode_step=step)
+                    progress=False, parts=EngineParts(decode=step))
     ae = AsyncEngine(eng)
     return ae, Server(ServerConfig(), ae, "tiny")
 

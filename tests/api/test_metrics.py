@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from mimo.api.metrics import Metrics
 from mimo.kvcache.dual_pool import DualPool
 from mimo.kvcache.layout import shape_layout
-from mimo.kvcache.prefix_cache import PrefixCache
+from mimo.kvcache.radix_cache import RadixPrefixCache
 from mimo.kvcache.retention import RetentionPolicy
 
 
@@ -22,7 +22,7 @@ def cached_prompt(pages: int):
     """A Gemma 3 270M prefix cache (window 512, page 16) watched by /metrics, holding one
     prompt of `pages` pages that kept a window at its end only."""
     pool = DualPool(shape_layout("gemma-3-270m"), pages, pages, 16, allocate=False)
-    cache = PrefixCache(pool, RetentionPolicy(branch=False))
+    cache = RadixPrefixCache(pool, RetentionPolicy(branch=False))
     tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
     metrics = Metrics()
     metrics.watch_prefix_cache(cache)

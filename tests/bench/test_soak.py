@@ -6,8 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from mimo.bench.soak import (StallTracker, Workload, build_requests, draw_cut, metric_by,
-                             metric_sum, parse_metrics)
+from mimo.bench.soak import (
+    StallTracker,
+    Workload,
+    build_requests,
+    draw_cut,
+    metric_by,
+    metric_sum,
+    parse_metrics,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

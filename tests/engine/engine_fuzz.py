@@ -28,16 +28,16 @@ from dataclasses import dataclass, field
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
+from sched_harness import check_lock_rule
 
 from mimo import LLM, SamplingParams
 from mimo.engine.engine import RequestError, StepFailed
-from mimo.engine.prefill_step import PrefillStep
-from mimo.kvcache.allocator import OutOfPages
-from mimo.kvcache.allocator import IN_USE
+from mimo.engine.parts import EngineParts
+from mimo.engine.prefill_planner import ChunkedPrefill
+from mimo.kvcache.allocator import IN_USE, OutOfPages
 from mimo.kvcache.retention import POLICIES
 from mimo.models.hf_config import model_config_from_hf
 from mimo.models.registry import LoadedModel
-from sched_harness import check_lock_rule
 
 TIE = 1e-3
 MAX_STEPS = 4000
@@ -132,8 +132,9 @@ class Case:
     reqs: list[Req] = field(default_factory=list)
 
     def describe(self) -> str:
-        return (f"seed={self.seed} model={self.model} opts={self.opts} "
-                f"reqs={[(len(r.prompt), r.params.max_tokens, r.arrive, r.after, r.abort_at) for r in self.reqs]}")
+        reqs = [(len(r.prompt), r.params.max_tokens, r.arrive, r.after, r.abort_at)
+                for r in self.reqs]
+        return f"seed={self.seed} model={self.model} opts={self.opts} reqs={reqs}"
 
 
 def make_case(seed: int, tight: bool = False) -> Case:
@@ -167,7 +168,7 @@ def make_case(seed: int, tight: bool = False) -> Case:
         n += rng.choice([-1, 0, 0, 1])
         bases.append([rng.randrange(3, vocab) for _ in range(max(1, n))])
     n_req = rng.randint(2, 9)
-    for i in range(n_req):
+    for _ in range(n_req):
         r = rng.random()
         if r < 0.2 and case.reqs:           # the same prompt again
             src = rng.choice(case.reqs)
@@ -202,7 +203,7 @@ def make_case(seed: int, tight: bool = False) -> Case:
     return case
 
 
-class FaultyPrefill(PrefillStep):
+class FaultyPrefill(ChunkedPrefill):
     """Raises once, planning the `nth` prefill chunk of request `seq_id` (a pool running out
     mid-plan, say): that request fails, the rest go on."""
     def __init__(self, seq_id: int, nth: int):
@@ -220,7 +221,7 @@ class FaultyPrefill(PrefillStep):
 def build(case: Case) -> LLM:
     opts = {k: v for k, v in case.opts.items() if not k.startswith("_")}
     if "_fault" in case.opts:
-        opts["prefill_step"] = FaultyPrefill(*case.opts["_fault"])
+        opts["parts"] = EngineParts(prefill=FaultyPrefill(*case.opts["_fault"]))
     loaded = model(*case.model)
     probe = _ref_llm(case.model).engine.pool.layout
     P = opts["page_size"]

@@ -1,44 +1,94 @@
 """The scheduler and the prefix cache driven without a model: a step schedules, "runs" (each
 sampled chunk appends a token that is a fixed function of the sequence so far) and commits.
-Enough to reach every page-accounting path, and fast."""
+Enough to reach every page-accounting path, and fast. Imports no torch: the pools are
+bookkeeping only (`DualPool(..., allocate=False)`).
+
+Speculative decoding without a model: `drafter(seq, k)` proposes up to k tokens for a
+decoding request; the step "verifies" them against the same fixed function (a draft token
+is accepted while it equals the token the model would have produced), appends the accepted
+ones plus one more, and commits with the rejected positions rolled back, as the engine does.
+"""
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 from mimo.config import SchedulerConfig
-from mimo.engine.prefill_step import PrefillStep
+from mimo.engine.prefill_planner import PrefillPlanner
 from mimo.engine.sampling_params import SamplingParams
 from mimo.engine.scheduler import Scheduler
 from mimo.engine.sequence import Sequence
 from mimo.kvcache.dual_pool import DualPool
 from mimo.kvcache.layout import KVLayout, LayerKV
-from mimo.kvcache.prefix_cache import PrefixCache
+from mimo.kvcache.radix_cache import RadixPrefixCache
+
+
+def next_token(ids: list[int]) -> int:
+    """The harness's "model": the next token of a sequence."""
+    return 3 + sum(ids) % 97
+
+
+def continuation(ids: list[int], n: int) -> list[int]:
+    """The n tokens the harness's model would append to `ids`."""
+    ids, out = list(ids), []
+    for _ in range(n):
+        out.append(next_token(ids))
+        ids.append(out[-1])
+    return out
 
 
 class Harness:
     def __init__(self, window=6, page=2, full_pages=200, swa_pages=80, chunk=32,
                  admission="reserve", retention="hybrid-output", rebuild=True, swa_layers=3,
-                 prefill: PrefillStep | None = None, policy="fcfs"):
-        layout = KVLayout((LayerKV(1, 2, 2),), (LayerKV(1, 2, 2),) * swa_layers, window, 4)
+                 prefill: PrefillPlanner | None = None, policy="fcfs", cache=True,
+                 max_num_seqs=64, length_buckets=None, hybrid=True, num_draft=0,
+                 drafter: Callable[[Sequence, int], list[int]] | None = None):
+        full = (LayerKV(1, 2, 2),)
+        swa = (LayerKV(1, 2, 2),) * swa_layers
+        layout = (KVLayout(full, swa, window, 4) if hybrid
+                  else KVLayout(full + swa, (), window, 4, hybrid=False))
         self.pool = DualPool(layout, full_pages, swa_pages, page, allocate=False)
-        self.cache = PrefixCache(self.pool, retention, rebuild=rebuild)
-        cfg = SchedulerConfig(max_num_batched_tokens=chunk, admission=admission, policy=policy)
-        self.sched = Scheduler(cfg, self.pool, self.cache, prefill=prefill)
+        self.cache = RadixPrefixCache(self.pool, retention, rebuild=rebuild) if cache else None
+        cfg = SchedulerConfig(max_num_batched_tokens=chunk, admission=admission, policy=policy,
+                              max_num_seqs=max_num_seqs, length_buckets=length_buckets)
+        self.sched = Scheduler(cfg, self.pool, self.cache, num_draft=num_draft, prefill=prefill)
+        self.drafter = drafter
+        self.prefill_tokens = 0     # prompt (and resumed) tokens computed so far
         self._ids = itertools.count()
 
     def add(self, prompt, max_tokens=1) -> Sequence:
         seq = Sequence(next(self._ids), list(prompt),
                        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
                        frozenset())
+        assert self.sched.fits_empty_pool(seq), "the engine would refuse this request"
         self.sched.add(seq)
         return seq
 
     def step(self):
-        chunks = self.sched.schedule(None)
+        drafts = None
+        if self.drafter is not None:
+            drafts = {s: self.drafter(s, self.sched.num_draft) for s in self.sched.running
+                      if not s.in_prefill}
+        chunks = self.sched.schedule(drafts)
+        self.prefill_tokens += sum(c.n for c in chunks if c.start < c.seq.prefill_end)
+        kept = {}
         for c in chunks:
-            if c.sample:
-                c.seq.append(3 + sum(c.seq.all_ids) % 97)
-        self.sched.commit(chunks)
+            if not c.sample:
+                continue
+            if not c.draft:
+                c.seq.append(next_token(c.seq.all_ids))
+                continue
+            want = continuation(c.seq.all_ids, len(c.draft) + 1)
+            accepted = next((i for i, (d, w) in enumerate(zip(c.draft, want)) if d != w),
+                            len(c.draft))
+            emitted = 0
+            for t in want[:accepted + 1]:
+                c.seq.append(t)
+                emitted += 1
+                if c.seq.finish_reason is not None:
+                    break
+            kept[c] = emitted
+        self.sched.commit(chunks, kept)
         self.check()
         return chunks
 
@@ -54,8 +104,16 @@ class Harness:
 
     def check(self) -> None:
         self.pool.check_integrity()
-        self.cache.check_integrity()
-        check_lock_rule(self.sched, self.cache)
+        if self.cache is not None:
+            self.cache.check_integrity()
+            check_lock_rule(self.sched, self.cache)
+
+    def check_idle(self) -> None:
+        """Nothing runs or waits, and only the cache holds pages (none in use)."""
+        assert not self.sched.has_work()
+        assert self.pool.num_live_seqs == 0
+        for a in (self.pool.full.allocator, self.pool.swa.allocator):
+            assert a.num_in_use == 0, f"{a.name}: {a.num_in_use} pages leaked"
 
 
 def check_lock_rule(sched, cache) -> None:

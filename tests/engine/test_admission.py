@@ -2,8 +2,8 @@
 waiting changes no request's tokens."""
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 
 P = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)

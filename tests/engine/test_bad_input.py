@@ -1,7 +1,7 @@
 """Bad input: each a clear exception naming the problem, and nothing stays allocated."""
 import pytest
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError
 from mimo.engine.engine import RequestError

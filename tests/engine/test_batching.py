@@ -1,8 +1,8 @@
 """Continuous batching and chunked prefill on the real default model (float32): the tokens of
 a request do not depend on how its prompt was chunked or what it was batched with."""
 import pytest
-
 from mimo_testing import long_prompt_ids
+
 from mimo import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -6,13 +6,14 @@ import asyncio
 
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.engine.async_engine import AsyncEngine
 from mimo.engine.decode_step import PlainDecode
 from mimo.engine.engine import EngineBroken, StepFailed
-from mimo.engine.prefill_step import PrefillStep
+from mimo.engine.parts import EngineParts
+from mimo.engine.prefill_planner import ChunkedPrefill
 from mimo.kvcache.allocator import OutOfPages
 
 OPTS = dict(dtype="float32", kv_cache_memory="4MiB", page_size=4, max_num_batched_tokens=16,
@@ -30,10 +31,10 @@ def _prompts():
     return [torch.randint(3, 512, (n,), generator=g).tolist() for n in (30, 45, 21)]
 
 
-class FailOnce(PrefillStep):
+class FailOnce(ChunkedPrefill):
     """Raises inside `schedule()` (as a pool running out there did) for one prompt, once."""
-    def __init__(self, bad_len: int, exc=OutOfPages("injected")):
-        self.bad_len, self.exc, self.raised = bad_len, exc, 0
+    def __init__(self, bad_len: int, exc: Exception | None = None):
+        self.bad_len, self.exc, self.raised = bad_len, exc or OutOfPages("injected"), 0
 
     def plan(self, seq, remaining, budget, room):
         if len(seq.prompt_ids) == self.bad_len and not self.raised:
@@ -52,7 +53,8 @@ def test_a_step_that_raises_in_schedule_fails_only_its_requests(loaded, admissio
     prompts = _prompts()
     want = _reference(loaded, prompts)
     step = FailOnce(bad_len=45)
-    eng = LLM("tiny", loaded=loaded, prefill_step=step, admission=admission, **OPTS).engine
+    eng = LLM("tiny", loaded=loaded, parts=EngineParts(prefill=step), admission=admission,
+              **OPTS).engine
     seqs = [eng.add_request(p, GREEDY) for p in prompts]
     failures = []
     for _ in range(500):
@@ -82,7 +84,7 @@ class BreakTheTree(PlainDecode):
 
 
 def test_an_inconsistent_engine_is_reported_broken(loaded):
-    eng = LLM("tiny", loaded=loaded, decode_step=BreakTheTree(), **OPTS).engine
+    eng = LLM("tiny", loaded=loaded, parts=EngineParts(decode=BreakTheTree()), **OPTS).engine
     eng.add_request(_prompts()[0], GREEDY)
     with pytest.raises(EngineBroken):
         eng.step()
@@ -93,7 +95,8 @@ def test_the_async_loop_fails_streams_and_goes_on_then_stops_when_broken(loaded)
     want = _reference(loaded, prompts)
 
     async def main():
-        eng = LLM("tiny", loaded=loaded, prefill_step=FailOnce(bad_len=45), **OPTS).engine
+        eng = LLM("tiny", loaded=loaded, parts=EngineParts(prefill=FailOnce(bad_len=45)),
+                  **OPTS).engine
         ae = AsyncEngine(eng)
         fatal = []
         ae.on_fatal = fatal.append

@@ -1,8 +1,7 @@
 """The offline API: prompts as text or token ids, seeds, stop tokens, outputs."""
 import pytest
-import torch
-
 from mimo_testing import loaded_from_hf
+
 from mimo import LLM, SamplingParams
 
 

@@ -1,14 +1,15 @@
-"""The engine loop's steps are pluggable: a different decode step or prefix-match
-implementation goes in through the constructor, and the scheduler and the other step are
-untouched (the same requests give the same tokens)."""
+"""The engine loop's parts are pluggable: a different decode step, prefix cache or prefill
+planner goes in through `EngineParts`, and the scheduler and the other parts are untouched
+(the same requests give the same tokens)."""
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import DecodeStep
-from mimo.engine.prefill_step import PrefillStep
-from mimo.kvcache.prefix_cache import PrefixCache
+from mimo.engine.parts import EngineParts
+from mimo.engine.prefill_planner import ChunkedPrefill
+from mimo.kvcache.radix_cache import RadixPrefixCache
 
 OPTS = dict(dtype="float32", kv_cache_memory="4MiB", page_size=8, max_num_batched_tokens=32,
             progress=False)
@@ -37,7 +38,7 @@ class FullLogitsArgmax(DecodeStep):
         return [[int(t)] for t in head.logits(hidden).argmax(dim=-1)]
 
 
-class CountingCache(PrefixCache):
+class CountingCache(RadixPrefixCache):
     def __init__(self, pool):
         super().__init__(pool)
         self.admits = 0
@@ -50,20 +51,20 @@ class CountingCache(PrefixCache):
 def test_a_different_decode_step_gives_the_same_tokens(loaded):
     want = LLM("tiny", loaded=loaded, **OPTS).generate(prompts(), GREEDY)
     step = FullLogitsArgmax()
-    llm = LLM("tiny", loaded=loaded, decode_step=step, **OPTS)
+    llm = LLM("tiny", loaded=loaded, parts=EngineParts(decode=step), **OPTS)
     got = llm.generate(prompts(), GREEDY)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert step.calls >= GREEDY.max_tokens
     llm.engine.check_integrity()
 
 
-def test_a_different_prefix_match_plugs_into_the_scheduler(loaded):
+def test_a_different_prefix_cache_plugs_into_the_scheduler(loaded):
     made = []
 
     def factory(pool):
         made.append(CountingCache(pool))
         return made[0]
-    llm = LLM("tiny", loaded=loaded, prefix_match=factory, **OPTS)
+    llm = LLM("tiny", loaded=loaded, parts=EngineParts(prefix_cache=factory), **OPTS)
     first = llm.generate(prompts(), GREEDY)
     again = llm.generate(prompts(), GREEDY)
     cache = made[0]
@@ -73,7 +74,7 @@ def test_a_different_prefix_match_plugs_into_the_scheduler(loaded):
     llm.engine.check_integrity()
 
 
-class SmallChunks(PrefillStep):
+class SmallChunks(ChunkedPrefill):
     """At most 7 prompt tokens per request per step."""
     def __init__(self):
         self.largest = 0
@@ -84,10 +85,10 @@ class SmallChunks(PrefillStep):
         return n
 
 
-def test_a_different_prefill_step_changes_chunking_not_tokens(loaded):
+def test_a_different_prefill_planner_changes_chunking_not_tokens(loaded):
     want = LLM("tiny", loaded=loaded, **OPTS).generate(prompts(), GREEDY)
     step = SmallChunks()
-    llm = LLM("tiny", loaded=loaded, prefill_step=step, **OPTS)
+    llm = LLM("tiny", loaded=loaded, parts=EngineParts(prefill=step), **OPTS)
     got = llm.generate(prompts(), GREEDY)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     assert step.largest == 7

@@ -3,8 +3,8 @@ runs out of full-pool pages the newest request is preempted, rejoins the queue a
 Greedy tokens are the same as in a roomy pool; nothing leaks."""
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 
 

@@ -6,11 +6,12 @@ import random
 
 import pytest
 import torch
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import PlainDecode
-from mimo.engine.prefill_step import PrefillStep
+from mimo.engine.parts import EngineParts
+from mimo.engine.prefill_planner import ChunkedPrefill
 
 PAGE, WINDOW = 8, 32
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -119,11 +120,11 @@ def test_prompts_sharing_a_1500_token_prefix(loaded, rebuild):
     prefix = ids(1500, 2)
     a, b, c = (prefix + ids(40 + 7 * i, 10 + i) for i in range(3))
     ref, rec = LogitRecorder(), LogitRecorder()
-    off = make(loaded, cache=False, decode_step=ref)
+    off = make(loaded, cache=False, parts=EngineParts(decode=ref))
     want = [run(off, [p])[0] for p in (a, b)]
     want_b_logits = ref.take()[-GREEDY.max_tokens:]
     want += run(off, [c])
-    llm = make(loaded, window_rebuild=rebuild, decode_step=rec)
+    llm = make(loaded, window_rebuild=rebuild, parts=EngineParts(decode=rec))
     tree = llm.engine.cache.tree
     out_a = run(llm, [a])[0]
     # b forks off a's path at 1500, where a kept no window: cut back to a's last window,
@@ -151,12 +152,12 @@ def test_match_is_cut_back_when_interior_swa_was_evicted(loaded, rebuild):
     b = prefix[:1100] + ids(50, 5)
     fillers = [ids(300, 100 + i) for i in range(6)]
     ref, rec = LogitRecorder(), LogitRecorder()
-    want = run(make(loaded, cache=False, decode_step=ref), [a, *fillers, b])
+    want = run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [a, *fillers, b])
     want_b_logits = ref.take()[-GREEDY.max_tokens:]
     # A small SWA pool: the fillers' windows push a's retained SWA out while its full KV
     # (a roomy full pool) stays.
     llm = make(loaded, kv_cache_memory="6MiB", swa_share=0.07, max_num_batched_tokens=64,
-               window_rebuild=rebuild, decode_step=rec)
+               window_rebuild=rebuild, parts=EngineParts(decode=rec))
     tree = llm.engine.cache.tree
     outs = run(llm, [a, *fillers])
     assert tree.counters["tombstoned_swa"] > 0
@@ -180,9 +181,9 @@ def test_a_cached_prompt_whose_window_went_is_rebuilt_not_dropped(loaded):
     ones."""
     p = ids(600, 6)
     ref, rec = LogitRecorder(), LogitRecorder()
-    run(make(loaded, cache=False, decode_step=ref), [p])
+    run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [p])
     want = ref.take()
-    llm = make(loaded, decode_step=rec)
+    llm = make(loaded, parts=EngineParts(decode=rec))
     eng, tree = llm.engine, llm.engine.cache.tree
     assert run(llm, [p])[0].cached_tokens == 0
     rec.take()
@@ -273,7 +274,7 @@ def test_random_concurrent_traffic_matches_cache_off(loaded, trial):
         [{"prompt_token_ids": p} for p in prompts], params)
     llm = make(loaded, **kw)
     eng = llm.engine
-    for rounds in range(2):                 # the second round meets a warm cache
+    for _ in range(2):                      # the second round meets a warm cache
         seqs = [eng.add_request(p, sp) for p, sp in zip(prompts, params)]
         while eng.has_work():
             eng.step()
@@ -289,17 +290,17 @@ def test_a_rebuild_aborted_midway_leaves_no_inexact_swa_in_the_cache(loaded):
     prefix = ids(1500, 2)
     a, b = prefix + ids(40, 10), prefix + ids(47, 11)
     ref, rec = LogitRecorder(), LogitRecorder()
-    off = make(loaded, cache=False, decode_step=ref)
+    off = make(loaded, cache=False, parts=EngineParts(decode=ref))
     run(off, [b])
     want = ref.take()
-    class SmallChunks(PrefillStep):     # b's prefill in 32-token steps
+    class SmallChunks(ChunkedPrefill):     # b's prefill in 32-token steps
         small = False
 
         def plan(self, seq, remaining, budget, room):
             return min(super().plan(seq, remaining, budget, room), 32 if self.small else budget)
 
     chunks = SmallChunks()
-    llm = make(loaded, decode_step=rec, prefill_step=chunks)
+    llm = make(loaded, parts=EngineParts(decode=rec, prefill=chunks))
     eng = llm.engine
     run(llm, [a])
     chunks.small = True

@@ -2,11 +2,12 @@
 each case one that broke before (no model: the scheduler and the cache alone)."""
 import random
 
-from mimo.engine.prefill_step import PrefillStep
 from sched_harness import Harness
 
+from mimo.engine.prefill_planner import ChunkedPrefill
 
-class SlowFor(PrefillStep):
+
+class SlowFor(ChunkedPrefill):
     """Prefill chunks of at most `n` tokens for the requests in `slow`."""
     def __init__(self, n):
         self.n, self.slow = n, set()

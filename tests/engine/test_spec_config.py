@@ -3,13 +3,12 @@
 import json
 
 import pytest
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from test_cli import _run
+
 from mimo import LLM, SamplingParams
 from mimo.api.metrics import Metrics
 from mimo.config import ConfigError, SpecConfig
-
-from test_cli import _run
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -7,8 +7,8 @@ import dataclasses
 import random
 
 import pytest
-
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.spec import Drafter
 
@@ -210,7 +210,7 @@ def test_speculation_with_prefix_cache_hits_is_lossless(tiny_loaded):
     # An SWA pool roomy enough that no retained window is evicted between the rounds.
     on = LLM("tiny", loaded=tiny_loaded, speculative="ngram", num_draft_tokens=4,
              swa_share=0.3, **TINY)
-    for round_ in range(2):
+    for _ in range(2):
         got = on.generate([{"prompt_token_ids": p} for p in prompts], params)
         on.engine.check_integrity()
         assert [g.token_ids for g in got] == [w.token_ids for w in want]

@@ -4,12 +4,12 @@ both pools), the full->SWA map agrees with the page tables, no request holds mor
 its reservation, the pools balance, and nothing leaks at the end."""
 import random
 
+from kvcache.kv_checks import check_map, live_swa_pages
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 from mimo.kvcache.dual_pool import DualPool
 from mimo.kvcache.layout import KVLayout, LayerKV, swa_steady_pages
-
-from kvcache.test_dual_pool import check_map
 
 
 def test_truncate_frees_pages_past_the_length_in_both_pools():
@@ -58,8 +58,8 @@ def test_many_accept_reject_cycles_keep_the_pools_exact():
         for s in running:
             # Exactly the computed tokens' pages: rolled-back pages went back to the pools.
             assert len(s.kv.full_pages) == -(-s.num_computed // P)
-            assert s.kv.live_swa_pages() <= swa_steady_pages(W, P, s.max_len)
-            assert s.kv.live_swa_pages() <= eng.scheduler.need(s)[1]
+            assert live_swa_pages(s.kv) <= swa_steady_pages(W, P, s.max_len)
+            assert live_swa_pages(s.kv) <= eng.scheduler.need(s)[1]
     eng.check_integrity()
     assert all(s.finish_reason == "length" and len(s.output_ids) == s.params.max_tokens
                for s in seqs)
@@ -104,7 +104,7 @@ def test_with_the_prefix_cache_on_speculation_is_still_lossless():
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     off = _tiny(max_num_batched_tokens=16, prefix_cache=True)
     on = _tiny(max_num_batched_tokens=16, prefix_cache=True, speculative="ngram")
-    for round_ in range(2):
+    for _ in range(2):
         want, got = off.generate(prompts, params), on.generate(prompts, params)
         assert [g.token_ids for g in got] == [w.token_ids for w in want]
         # The allocators balance. (engine.check_integrity()'s full->SWA map check fails

@@ -1,7 +1,8 @@
 """Window release: a long request holds only its window of SWA KV, and all of its full KV."""
 import torch
-
+from kvcache.kv_checks import live_swa_pages
 from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+
 from mimo import LLM, SamplingParams
 
 PAGE, CHUNK, WINDOW = 16, 256, 512
@@ -18,11 +19,11 @@ def test_swa_occupancy_bounded_during_4000_token_request():
 
     def watched_release(seq_kv, seq_len):
         # Just before release is the high-water mark of a step: window + this chunk.
-        peak["swa"] = max(peak["swa"], seq_kv.live_swa_pages() * PAGE)
+        peak["swa"] = max(peak["swa"], live_swa_pages(seq_kv) * PAGE)
         peak["steps"] += 1
         assert len(seq_kv.full_pages) * PAGE >= seq_len, "full pool lost tokens"
         freed = release(seq_kv, seq_len)
-        live = seq_kv.live_swa_pages() * PAGE
+        live = live_swa_pages(seq_kv) * PAGE
         assert live <= WINDOW + PAGE, f"{live} SWA tokens held after release at {seq_len}"
         pool.check_integrity()
         return freed

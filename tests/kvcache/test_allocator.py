@@ -4,7 +4,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mimo.kvcache.allocator import DoubleFree, OutOfPages, PageAllocator
@@ -146,7 +147,7 @@ def test_park_unpark_duplicate_in_one_call_raises():
 def test_free_negative_page_raises():
     # numpy would wrap -1 onto page capacity-1: one physical page under two ids.
     a = PageAllocator(4)
-    p = a.alloc(4)
+    a.alloc(4)
     before = snapshot(a)
     with pytest.raises(ValueError):
         a.free([-1])

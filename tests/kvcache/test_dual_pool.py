@@ -5,15 +5,21 @@ import math
 
 import pytest
 import torch
-from hypothesis import settings, strategies as st
-from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
-                                 rule)
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from kvcache.kv_checks import check_map, live_swa_pages
 
 from mimo.config import ModelConfig
 from mimo.kvcache.allocator import OutOfPages
 from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import (KVLayout, LayerKV, shape_layout, swa_steady_pages,
-                                 swa_transient_pages)
+from mimo.kvcache.layout import (
+    KVLayout,
+    LayerKV,
+    shape_layout,
+    swa_steady_pages,
+    swa_transient_pages,
+)
 
 
 def tiny_layout(window: int = 6, hybrid: bool = True) -> KVLayout:
@@ -31,30 +37,16 @@ def tiny_model_config() -> ModelConfig:
                        swa_v_head_dim=4, sliding_window=4, rope_theta=1e4, rope_local_theta=1e4)
 
 
-def check_map(dp: DualPool, seqs) -> None:
-    """full_to_swa must agree with every live sequence's page tables, and be -1 elsewhere."""
-    if dp.full_to_swa is None:
-        return
-    P = dp.page_size
-    ar = torch.arange(P)
-    expected = torch.full_like(dp.full_to_swa, -1)
-    for seq in seqs:
-        for p, fpage in enumerate(seq.full_pages):
-            sp = seq.swa_pages[p]
-            if sp is not None:
-                expected[fpage * P:(fpage + 1) * P] = sp * P + ar
-    assert torch.equal(dp.full_to_swa, expected)
-
-
 def test_pool_tensors_allocated_with_each_layers_shape():
     dp = DualPool(tiny_layout(), full_pages=5, swa_pages=3, page_size=4)
     assert dp.full.k(0).shape == (20, 1, 2) and dp.full.v(0).shape == (20, 1, 2)
     assert dp.swa.k(1).shape == (12, 2, 3) and dp.swa.v(1).shape == (12, 2, 1)
-    assert dp.full.num_slots == 20 and dp.swa.num_slots == 12
     assert dp.full_to_swa.shape == (20,) and bool((dp.full_to_swa == -1).all())
     # allocate=False: same bookkeeping, no tensors and no map (sizing of huge models).
     nb = DualPool(tiny_layout(), full_pages=5, swa_pages=3, page_size=4, allocate=False)
     assert nb.full_to_swa is None and nb.swa.allocator.capacity == 3
+    with pytest.raises(RuntimeError, match="bookkeeping only"):
+        nb.full.k(0)
 
 
 @pytest.mark.parametrize("allocate", [True, False])
@@ -64,7 +56,7 @@ def test_grow_release_free_walkthrough(allocate):
     s = dp.new_seq()
     assert dp.pages_to_grow(s, 10) == (3, 3)
     dp.grow(s, 10)                       # positions [0, 10): pages 0..2
-    assert len(s.full_pages) == 3 and s.live_swa_pages() == 3
+    assert len(s.full_pages) == 3 and live_swa_pages(s) == 3
     dp.check_integrity()
     check_map(dp, [s])
     dp.grow(s, 12)                       # still inside page 2: nothing to allocate
@@ -98,12 +90,12 @@ def test_grow_is_all_or_nothing_when_one_pool_is_short():
     s = dp.new_seq()
     dp.grow(s, 4)
     before = (dp.stats(), list(s.full_pages), list(s.swa_pages), dp.full_to_swa.clone())
-    assert not dp.can_grow(s, 16)
+    assert dp.pages_to_grow(s, 16) == (3, 3) and dp.swa.allocator.num_free == 1
     with pytest.raises(OutOfPages):
         dp.grow(s, 16)                       # 3 more of each; the SWA pool has 1 free
     assert before[:3] == (dp.stats(), s.full_pages, s.swa_pages)
     assert torch.equal(before[3], dp.full_to_swa)
-    assert dp.can_grow(s, 8) and not dp.can_grow(s, 8, reserve=(0, 1))
+    assert dp.pages_to_grow(s, 8) == (1, 1)
     dp.check_integrity()
 
 
@@ -164,12 +156,12 @@ def test_swa_page_bounds_hold_for_engine_pattern(W, P, chunk):
             n = min(n + chunk, context) if n < context else n + 1
             dp.grow(s, n)
             # Mid-step: what the request held before plus this chunk's new pages.
-            assert s.live_swa_pages() <= swa_steady_pages(W, P, n) + swa_transient_pages(chunk, P)
+            assert live_swa_pages(s) <= swa_steady_pages(W, P, n) + swa_transient_pages(chunk, P)
             dp.release_window(s, n)
-            assert s.live_swa_pages() <= swa_steady_pages(W, P, n)
-            peak_steady = max(peak_steady, s.live_swa_pages())
+            assert live_swa_pages(s) <= swa_steady_pages(W, P, n)
+            peak_steady = max(peak_steady, live_swa_pages(s))
             if n <= context:                # the planning length bounds the prompt's steps
-                assert s.live_swa_pages() <= swa_steady_pages(W, P, context)
+                assert live_swa_pages(s) <= swa_steady_pages(W, P, context)
         if W % P == 0 and W > 1:
             # Tight: with the window on page boundaries some length holds exactly the bound.
             assert peak_steady == _steady(W, P, n)
@@ -192,7 +184,7 @@ def test_full_kv_layout_has_no_swa_pool(make, allocate):
     assert dp.pages_to_grow(s, 20) == (5, 0)
     dp.grow(s, 20)
     assert dp.release_window(s, 20) == 0     # every layer keeps all its KV
-    assert s.swa_pages == [] and s.live_swa_pages() == 0
+    assert s.swa_pages == [] and live_swa_pages(s) == 0
     assert torch.equal(dp.swa_slots(s, 0, 20), dp.full_slots(s, 0, 20))
     with pytest.raises(OutOfPages):
         dp.grow(s, 28)
@@ -282,7 +274,7 @@ class DualPoolMachine(RuleBasedStateMachine):
         dp.check_integrity()
         check_map(dp, [m.seq for m in self.seqs])
         assert dp.full.allocator.num_in_use == sum(len(m.seq.full_pages) for m in self.seqs)
-        assert dp.swa.allocator.num_in_use == sum(m.seq.live_swa_pages() for m in self.seqs)
+        assert dp.swa.allocator.num_in_use == sum(live_swa_pages(m.seq) for m in self.seqs)
         assert dp.num_live_seqs == len(self.seqs)
         held_full = [p for m in self.seqs for p in m.seq.full_pages]
         held_swa = [p for m in self.seqs for p in m.seq.swa_pages if p is not None]
@@ -304,9 +296,9 @@ class DualPoolMachine(RuleBasedStateMachine):
                     dp.swa_slots(s, 0, 1)
             # Window + what was grown since the last release + one page; with a release after
             # every grow (the engine's pattern) pending <= max_chunk.
-            assert s.live_swa_pages() <= math.ceil((W + m.pending) / P) + 1
+            assert live_swa_pages(s) <= math.ceil((W + m.pending) / P) + 1
             if m.pending <= self.max_chunk:
-                assert s.live_swa_pages() <= math.ceil((W + self.max_chunk) / P) + 1
+                assert live_swa_pages(s) <= math.ceil((W + self.max_chunk) / P) + 1
 
     def teardown(self):
         if hasattr(self, "dp"):
@@ -329,13 +321,13 @@ def test_long_request_swa_stays_bounded():
     while n < 10_000:
         n = min(n + chunk, 10_000)
         dp.grow(s, n)
-        peak = max(peak, s.live_swa_pages())
+        peak = max(peak, live_swa_pages(s))
         dp.release_window(s, n)
     for _ in range(40):                     # decode
         n += 1
         dp.grow(s, n)
         dp.release_window(s, n)
     assert peak <= math.ceil((W + chunk) / P) + 1
-    assert s.live_swa_pages() <= math.ceil((W + P) / P)
+    assert live_swa_pages(s) <= math.ceil((W + P) / P)
     assert len(s.full_pages) == math.ceil(n / P)
     dp.check_integrity()

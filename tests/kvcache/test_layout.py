@@ -4,11 +4,18 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mimo.config import CacheConfig, ConfigError, ModelConfig, parse_size
-from mimo.kvcache.layout import (KVLayout, LayerKV, plan_pages, shape_layout,
-                                 swa_steady_pages, swa_transient_pages)
+from mimo.kvcache.layout import (
+    KVLayout,
+    LayerKV,
+    plan_pages,
+    shape_layout,
+    swa_steady_pages,
+    swa_transient_pages,
+)
 
 BF16 = 2
 # Written out from the model cards, not from KNOWN_SHAPES, so a typo there shows up here.
@@ -42,7 +49,7 @@ def test_layer_counts_and_heads():
     assert set(m.full) == {LayerKV(4, 192, 128)} and set(m.swa) == {LayerKV(8, 192, 128)}
     fk = shape_layout("mimo-v2-flash", layout="full-kv")
     # Full-kv keeps each layer's own head count: SWA layers stay at 8 KV heads.
-    assert sorted(l.kv_heads for l in fk.full) == [4] * 9 + [8] * 39
+    assert sorted(lay.kv_heads for lay in fk.full) == [4] * 9 + [8] * 39
     with pytest.raises(ConfigError):
         shape_layout("no-such-model")
 

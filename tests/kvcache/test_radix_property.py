@@ -10,13 +10,14 @@ went, that eviction stopped only when nothing was left to evict, and then adopts
 """
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from radix_model import brute_insert, brute_match, flatten, key, needed_pages
 
 from mimo.kvcache.allocator import IN_USE, OutOfPages, PageAllocator
 from mimo.kvcache.radix_tree import RadixTree
 from mimo.kvcache.retention import RetentionPolicy
-from radix_model import brute_insert, brute_match, flatten, key, needed_pages
 
 # Prompts share prefixes often: a cut of one of a few base sequences (which themselves
 # share prefixes of several lengths) plus a short random tail.
@@ -130,7 +131,7 @@ class TreeMachine(RuleBasedStateMachine):
         own_swa = set(sp)
         if self.hybrid and sp:      # window release: drop some of the request's SWA pages
             drop = data.draw(st.lists(st.sampled_from(sp), unique=True, max_size=len(sp)))
-            if m.rebuild:           # and a rebuild's inexact ones (PrefixCache._offered_swa)
+            if m.rebuild:           # and a rebuild's inexact ones (RadixPrefixCache._offered_swa)
                 exact = -(-(m.length + rebuild - (self.W - 1)) // P)
                 drop = sorted(set(drop) | {swa[i] for i in range(q0, min(exact, n))})
             self.sa.free(drop)

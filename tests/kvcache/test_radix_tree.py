@@ -6,11 +6,11 @@ holding positions [L - 7, L), i.e. pages (L - 7) // 4 .. L // 4 - 1 (two or thre
 from __future__ import annotations
 
 import pytest
+from radix_model import brute_match, flatten
 
 from mimo.kvcache.allocator import EVICTABLE, IN_USE, PageAllocator
 from mimo.kvcache.radix_tree import RadixTree
 from mimo.kvcache.retention import RetentionPolicy
-from radix_model import brute_match, flatten
 
 P, W = 4, 8
 KEEP = RetentionPolicy(keep_all=True)

@@ -8,9 +8,9 @@ import random
 
 import pytest
 import torch
-
 from mimo_testing import tiny_mimo_v2_flash_hf
 from mtp_reference import mtp_weights, plain_mtp
+
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError, SpecConfig
 from mimo.models.hf_config import model_config_from_hf

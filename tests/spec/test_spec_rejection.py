@@ -34,7 +34,7 @@ def _target():
                            [0.0, 3.0, 0.2, 0.1, 1.0, -2.0],
                            [1.0, 1.0, 1.0, 0.0, 0.0, 0.5]])
     # The request's own settings shape p: temperature 0.8, top-k 5, top-p 0.95.
-    return torch.stack([filtered_probs(l, 0.8, 0.95, 5) for l in logits])
+    return torch.stack([filtered_probs(row, 0.8, 0.95, 5) for row in logits])
 
 
 def test_first_token_is_distributed_as_p_for_a_point_mass_draft():

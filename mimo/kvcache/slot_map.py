@@ -1,0 +1,54 @@
+"""Slot addressing: positions -> slots through a page table, and the full -> SWA slot map.
+
+`SlotMap.table[full_slot]` is the SWA slot holding the same token's SWA-layer KV, or -1 (no
+SWA KV: never written, or released). The rest of the system addresses a sequence by full
+slots; SWA layers translate through this map. `DualPool` keeps it in step with the page
+tables; it exists only for pools with storage (bookkeeping-only pools have no slots to map).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def page_slots(pages: Sequence[int | None], start: int, end: int, page_size: int,
+               what: str = "KV") -> torch.Tensor:
+    """Slots of positions [start, end) through `pages` (logical page -> physical page);
+    every page they touch must be present (None: released)."""
+    pos = torch.arange(start, end)
+    table = torch.tensor([-1 if p is None else p for p in pages], dtype=torch.int64)
+    phys = table[pos // page_size]
+    if start < end and bool((phys < 0).any()):
+        raise RuntimeError(f"{what} for positions [{start}, {end}) was already released")
+    return phys * page_size + pos % page_size
+
+
+class SlotMap:
+    def __init__(self, full_pages: int, page_size: int):
+        self.page_size = page_size
+        self.table = torch.full((full_pages * page_size,), -1, dtype=torch.int64)
+        self._offsets = torch.arange(page_size)
+
+    def map(self, full_page: int, swa_page: int) -> None:
+        """`swa_page` holds the SWA KV of `full_page`'s tokens."""
+        P = self.page_size
+        self.table[full_page * P:(full_page + 1) * P] = swa_page * P + self._offsets
+
+    def unmap(self, full_page: int) -> None:
+        P = self.page_size
+        self.table[full_page * P:(full_page + 1) * P] = -1
+
+    def unmap_if(self, full_page: int, swa_page: int) -> None:
+        """Unmap `full_page` if it still maps to `swa_page` (a cached full page may have
+        been re-paired with the cache's own SWA page meanwhile)."""
+        P = self.page_size
+        if int(self.table[full_page * P]) == swa_page * P:
+            self.table[full_page * P:(full_page + 1) * P] = -1
+
+    def mapped_slots(self) -> int:
+        return int((self.table >= 0).sum())
+
+    def distinct_targets(self) -> int:
+        """SWA slots some full slot maps to (a cached SWA page may be mapped twice)."""
+        return torch.unique(self.table[self.table >= 0]).numel()
