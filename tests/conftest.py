@@ -11,7 +11,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
 from hypothesis import settings
-
 from mimo_testing import loaded_from_hf, long_prompt_ids, tiny_gemma3_hf  # noqa: F401
 
 # CI (CI set, as .ci/run does) replays the same examples every run, so a landing's verdict
@@ -55,6 +54,7 @@ def tiny_hf_dir(tmp_path_factory):
     """A complete tiny Hugging Face checkpoint on disk: config.json, safetensors, and a small
     BPE tokenizer.json trained here. Returns (directory, the transformers model)."""
     import json
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     d = tmp_path_factory.mktemp("tiny_gemma3")
     model = tiny_gemma3_hf(seed=11)

@@ -70,23 +70,23 @@ class Server:
                     raise APIError(413, f"request body over {self.cfg.max_body_bytes} bytes")
                 chunks.append(chunk)
         except ClientDisconnect:
-            raise APIError(400, "client disconnected while sending the body")
+            raise APIError(400, "client disconnected while sending the body") from None
         raw = b"".join(chunks)
         if not raw.strip():
             raise bad_request("request body is empty; expected a JSON object")
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise bad_request(f"request body is not valid UTF-8 (byte {e.start})")
+            raise bad_request(f"request body is not valid UTF-8 (byte {e.start})") from None
         try:
             return json.loads(text)
         except json.JSONDecodeError as e:
             raise bad_request(f"request body is not valid JSON: {e.msg} at line {e.lineno} "
-                              f"column {e.colno}")
+                              f"column {e.colno}") from None
         except RecursionError:
-            raise bad_request("request body is not valid JSON: nested too deeply")
+            raise bad_request("request body is not valid JSON: nested too deeply") from None
         except ValueError as e:     # e.g. an integer literal over Python's 4300-digit limit
-            raise bad_request(f"request body is not valid JSON: {e}")
+            raise bad_request(f"request body is not valid JSON: {e}") from None
 
     # ---- endpoints ------------------------------------------------------------------
     async def health(self, request):

@@ -23,7 +23,8 @@ def _utf8(s: str, where: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)", "messages")
+        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)",
+                          "messages") from None
     return s
 
 

@@ -37,9 +37,12 @@ class Metrics:
         self.requests = Counter("mimo_requests", "Finished requests", ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("mimo_prompt_tokens", "Prompt tokens", registry=r)
         self.generation_tokens = Counter("mimo_generation_tokens", "Generated tokens", registry=r)
-        self.cached_tokens = Counter("mimo_cached_prompt_tokens", "Prompt tokens served from the prefix cache", registry=r)
-        self.ttft = Histogram("mimo_time_to_first_token_seconds", "Time to first token", buckets=_LAT, registry=r)
-        self.itl = Histogram("mimo_inter_token_latency_seconds", "Time between streamed tokens", buckets=_LAT, registry=r)
+        self.cached_tokens = Counter("mimo_cached_prompt_tokens",
+                                     "Prompt tokens served from the prefix cache", registry=r)
+        self.ttft = Histogram("mimo_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LAT, registry=r)
+        self.itl = Histogram("mimo_inter_token_latency_seconds", "Time between streamed tokens",
+                             buckets=_LAT, registry=r)
         self.e2e = Histogram("mimo_request_latency_seconds", "Request latency", buckets=_LAT, registry=r)
         self.queue = Gauge("mimo_queue_length", "Requests waiting for admission", registry=r)
         self.running = Gauge("mimo_running_requests", "Requests running in the engine", registry=r)

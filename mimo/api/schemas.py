@@ -103,7 +103,8 @@ def _utf8(s: str, where: str, param: str) -> str:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
-        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)", param)
+        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)",
+                          param) from None
     return s
 
 

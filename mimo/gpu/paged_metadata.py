@@ -31,8 +31,9 @@ No import of engine or kvcache at run time: gpu sits below them (DESIGN.md secti
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -91,12 +92,12 @@ def _pages(kv, kind: str, hybrid: bool) -> list:
     return kv.swa_pages if kind == "swa" and hybrid else kv.full_pages
 
 
-def _kind_meta(kind: str, chunks, pool: "DualPool", window: int | None, sinks: bool,
+def _kind_meta(kind: str, chunks, pool: DualPool, window: int | None, sinks: bool,
                split_verify: bool, device) -> PagedAttnMeta:
     P = pool.page_size
     qo, kvp, idx, last, kstart, qstart, floors, ech = [0], [0], [], [], [], [], [], []
     needs_floor = False
-    for ci, row, start, n, kv in _entries(chunks, split_verify):
+    for ci, _row, start, n, kv in _entries(chunks, split_verify):
         end = start + n
         pages = _pages(kv, kind, pool.hybrid)
         if kind == "swa":
@@ -145,7 +146,7 @@ def _kind_meta(kind: str, chunks, pool: "DualPool", window: int | None, sinks: b
         needs_floor_mask=needs_floor)
 
 
-def build_paged_metadata(chunks: Iterable["ScheduledChunk"], pool: "DualPool",
+def build_paged_metadata(chunks: Iterable[ScheduledChunk], pool: DualPool,
                          window: int | None, *, full_sinks: bool = False,
                          swa_sinks: bool = False, device: str | torch.device = "cpu",
                          split_verify: bool = True) -> dict[str, PagedAttnMeta]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from .errors import MediaFetchError, MediaForbidden
 

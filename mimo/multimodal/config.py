@@ -54,5 +54,5 @@ class MediaConfig:
             raise ConfigError("media options need 1 <= video_min_frames <= video_max_frames")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "MediaConfig":
+    def from_dict(cls, data: dict[str, Any]) -> MediaConfig:
         return _from_dict(cls, data)

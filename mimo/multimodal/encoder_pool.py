@@ -5,7 +5,8 @@ would), and a worker joining or leaving moves only about 1/N of the keys.
 
 Each worker loads the checkpoint, keeps only the vision tower (its family's adapter builds
 it) and serves requests on its own pipe: (keys, patches) in, (embeddings, hits, misses,
-ran_forward) out. Tensors cross as numpy arrays (plain pickled bytes), so no shared-memory file descriptors are passed around.
+ran_forward) out. Tensors cross as numpy arrays (plain pickled bytes), so no shared-memory
+file descriptors are passed around.
 A call to one worker holds that worker's lock; calls to different workers run at once.
 
 A worker that dies (killed, out of memory, a crash in native code) is restarted under its

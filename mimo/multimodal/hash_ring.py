@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def ring_hash(text: str) -> int:

@@ -8,16 +8,17 @@ images of the same shape. It reproduces transformers' Qwen2VLImageProcessor:
   when shrinking), in two uint8 passes in PIL's order (see `resize`); the result differs
   from PIL's by at most a level or two of 255 on well under 1% of values (bounded in the
   tests);
-* patchify (on uint8, a quarter of the bytes to move) into [grid_t * grid_h * grid_w, C * temporal_patch * patch * patch], rows in
-  2x2 merge-window order (the merger concatenates 4 consecutive rows), as transformers does;
+* patchify (on uint8, a quarter of the bytes to move) into
+  [grid_t * grid_h * grid_w, C * temporal_patch * patch * patch], rows in 2x2 merge-window
+  order (the merger concatenates 4 consecutive rows), as transformers does;
 * rescale by 1/255 and normalize with the CLIP mean and std.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

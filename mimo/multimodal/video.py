@@ -191,7 +191,7 @@ class VideoDecoder:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="mimo-video")
 
     @classmethod
-    def from_config(cls, cfg) -> "VideoDecoder":
+    def from_config(cls, cfg) -> VideoDecoder:
         return cls(workers=cfg.video_decode_workers,
                    threads_per_reader=cfg.video_threads_per_reader, fps=cfg.video_fps,
                    min_frames=cfg.video_min_frames, max_frames=cfg.video_max_frames,

@@ -5,7 +5,6 @@ request is counted as aborted by its client (499), never as a 200."""
 import time
 
 import httpx
-
 from conftest import API_KEY
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

@@ -1,7 +1,8 @@
 """A failed engine step as HTTP clients see it (the app in process, a tiny checkpoint): the
 request gets a 500 in OpenAI's shape, streamed or not (before its first item; a stream that
 already started ends with an error event, `Server._sse`), the next request is served, and
-/metrics counts the failed steps. An engine left inconsistent turns /health into 503 and asks the server to stop."""
+/metrics counts the failed steps. An engine left inconsistent turns /health into 503 and asks
+the server to stop."""
 import asyncio
 
 import httpx

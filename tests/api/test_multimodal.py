@@ -8,7 +8,6 @@ import re
 
 import httpx
 import pytest
-
 from multimodal.media_testing import loopback_server, media_path, send
 
 ASK = {"type": "text", "text": "What is in this picture?"}

@@ -8,7 +8,6 @@ import zlib
 
 import httpx
 import pytest
-
 from conftest import MAX_MEDIA_BYTES
 from multimodal.media_testing import loopback_server, media_path, send
 

@@ -4,7 +4,6 @@ import statistics
 import time
 
 import httpx
-import pytest
 
 from mimo import SamplingParams
 from mimo.models.chat_template import ChatTemplate

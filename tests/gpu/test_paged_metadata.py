@@ -303,6 +303,7 @@ def test_random_steps_match_torch_backend(seed, hybrid):
 @pytest.fixture(scope="module")
 def mimo_model():
     from mimo_testing import loaded_from_hf, tiny_mimo_v2_flash_hf
+
     from mimo.models.registry import build_model
     loaded = loaded_from_hf(tiny_mimo_v2_flash_hf())
     return loaded.config, build_model(loaded.config, loaded.weights, torch.float32)

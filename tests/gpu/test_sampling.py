@@ -1,11 +1,9 @@
 """Sampling rules checked against their definitions on toy distributions."""
-import math
 
-import pytest
 import torch
 
-from mimo.gpu.sampling import sample, sample_row
 from mimo import SamplingParams
+from mimo.gpu.sampling import sample, sample_row
 
 LOGITS = torch.log(torch.tensor([0.4, 0.25, 0.15, 0.1, 0.06, 0.04]))
 

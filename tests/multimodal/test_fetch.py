@@ -7,11 +7,11 @@ import os
 
 import httpx
 import pytest
+from media_testing import loopback_server, self_signed_cert, send, stall
 
 from mimo.multimodal.config import MediaConfig
-from mimo.multimodal.errors import (MediaError, MediaFetchError, MediaForbidden, MediaTooLarge)
+from mimo.multimodal.errors import MediaError, MediaFetchError, MediaForbidden, MediaTooLarge
 from mimo.multimodal.fetch import fetch
-from media_testing import loopback_server, self_signed_cert, send, stall
 
 BODY = bytes(range(256)) * 100   # 25.6 kB
 

@@ -9,11 +9,11 @@ import zlib
 
 import numpy as np
 import pytest
+from media_testing import media_path
 from PIL import Image
 
 from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge
 from mimo.multimodal.image import ImageDecoder, decode_image
-from media_testing import media_path
 
 LIMIT = 64 * 2**20
 

@@ -7,13 +7,19 @@ import math
 import numpy as np
 import pytest
 import torch
+from media_testing import media_path
 from PIL import Image
 
 from mimo.multimodal.image import decode_image
-from mimo.multimodal.preprocess import (OPENAI_CLIP_STD, ProcessorSettings, patchify,
-                                   preprocess_images, preprocess_video, smart_resize,
-                                   video_size)
-from media_testing import media_path
+from mimo.multimodal.preprocess import (
+    OPENAI_CLIP_STD,
+    ProcessorSettings,
+    patchify,
+    preprocess_images,
+    preprocess_video,
+    smart_resize,
+    video_size,
+)
 
 IMAGES = ["astronaut.png", "coffee.png", "rocket.jpg", "hubble_deep_field.jpg"]
 # One 8-bit level in normalized units, per column of pixel_values (C, T, p, p order).

@@ -6,11 +6,11 @@ import asyncio
 import av
 import numpy as np
 import pytest
+from media_testing import media_path
+from video_testing import write_video
 
 from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge
 from mimo.multimodal.video import VideoDecoder, probe, split_chunks
-from media_testing import media_path
-from video_testing import write_video
 
 
 def decode(data, **kw):
@@ -102,6 +102,7 @@ def test_frame_count_overstated_by_header(tmp_path):
     """A header that counts a frame more than the stream holds is tolerated (last frame
     repeated); one that promises far more frames is a truncated file."""
     import dataclasses
+
     from mimo.multimodal.video import decode_chunk
     data = write_video(tmp_path / "v.mp4", frames=30, gop=10).read_bytes()
     info = probe(data)

@@ -149,7 +149,7 @@ async def test_a_stage_that_swallows_cancellation_still_stops_the_request():
         try:
             await asyncio.sleep(10)
         except asyncio.CancelledError:
-            raise RuntimeError("cleanup failed")
+            raise RuntimeError("cleanup failed") from None
 
     for first in (stubborn, raises_instead):
         async with Pipeline([first, mark]) as p:
