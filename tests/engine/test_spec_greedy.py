@@ -45,9 +45,10 @@ def spy(llm):
         return toks
 
     def st(chunk, emitted):
-        settle(chunk, emitted)
+        kept = settle(chunk, emitted)
         if id(chunk) in made and chunk.start >= len(chunk.seq.prompt_ids):
             log.append((len(chunk.draft), made.pop(id(chunk)), len(emitted)))
+        return kept
     spec.execute, spec.settle = ex, st
     return log
 
