@@ -1,6 +1,6 @@
 """A real `server.py` process on a free 127.0.0.1 port, for the benchmarks that drive one
-(serve, soak). It dies with the benchmark (Linux: PR_SET_PDEATHSIG), so a killed run leaves
-no server behind; `stop()` ends it otherwise."""
+(serve, soak) and the tests of programs that serve. It dies with its parent (Linux:
+PR_SET_PDEATHSIG), so a killed run leaves no server behind; `stop()` ends it otherwise."""
 from __future__ import annotations
 
 import os
@@ -31,15 +31,17 @@ def _die_with_parent() -> None:
 
 
 class ServerProcess:
-    def __init__(self, flags: list[str], start_timeout: float = 300.0):
-        """Start `server.py --host 127.0.0.1 --port <free> *flags` and wait until /health
-        answers; raises RuntimeError (with the server's log tail) if it exits or does not
-        answer within `start_timeout` seconds."""
+    def __init__(self, flags: list[str], start_timeout: float = 300.0,
+                 script: str | Path = ROOT / "server.py"):
+        """Start `script --host 127.0.0.1 --port <free> *flags` (default: server.py; any
+        program taking those two flags, e.g. examples/custom_engine.py) and wait until
+        /health answers; raises RuntimeError (with the server's log tail) if it exits or
+        does not answer within `start_timeout` seconds."""
         import httpx
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")
-        cmd = [sys.executable, str(ROOT / "server.py"), "--host", "127.0.0.1",
+        cmd = [sys.executable, str(script), "--host", "127.0.0.1",
                "--port", str(self.port), *flags]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,

@@ -1,0 +1,135 @@
+"""Command-line flags, defined once for every entry point that loads a model: `python
+server.py`, `python -m mimo generate` and the benchmarks. Each engine flag maps 1:1 to a
+config field (mimo/config.py); `engine_opts` turns parsed flags into `LLM` / `engine_config`
+keywords."""
+from __future__ import annotations
+
+import argparse
+
+from .config import ConfigError, ServerConfig
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Engine flags shared by every command that loads a model; each maps 1:1 to a config
+    field (mimo/config.py)."""
+    g = p.add_argument_group("engine")
+    g.add_argument("--model", default="gemma-3-270m",
+                   help="built-in name (gemma-3-270m), a .gguf file, or a Hugging Face directory")
+    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                   help="activation and KV dtype (float32 reproduces reference numerics)")
+    g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
+                   help="int8 weight copies for small-batch matmuls (auto: on for CPU bfloat16)")
+    g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
+    g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    g.add_argument("--swa-share", type=float, default=None,
+                   help="fraction of the KV budget for the SWA pool (default: from model shapes)")
+    g.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV of cached prompt prefixes (SWA-aware radix tree; "
+                        "--no-prefix-cache turns it off)")
+    g.add_argument("--retention", default="hybrid-output",
+                   choices=["hybrid-output", "hybrid", "prompt-only", "keep-all"],
+                   help="which SWA KV the prefix cache keeps after a request: hybrid-output "
+                        "(prompt, output end, branch points, sparse grid), hybrid (the same "
+                        "without outputs: for models whose next turn drops them), prompt-only, "
+                        "keep-all")
+    g.add_argument("--window-rebuild", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse a cached prefix whose SWA window was not kept by recomputing "
+                        "only the SWA layers' receptive field before its end ((window - 1) "
+                        "x SWA layers tokens), not everything since the last kept window")
+    g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
+    g.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="token budget of one step (prefill chunk size)")
+    g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
+    g.add_argument("--policy", default="compute-aware", choices=["compute-aware", "fcfs"],
+                   help="waiting-queue order: fewest uncached prompt tokens first (with aging), "
+                        "or arrival order")
+    g.add_argument("--aging-per-second", type=float, default=1000.0,
+                   help="compute-aware aging: a waiting request gains this many tokens of "
+                        "priority per second (bounds every wait)")
+    g.add_argument("--admission", default="reserve", choices=["reserve", "optimistic"],
+                   help="reserve: admit when prompt + max_tokens fit (no preemption); "
+                        "optimistic: admit when the prompt fits, preempt the newest request "
+                        "if decoding runs out of KV (its KV stays in the prefix cache)")
+    g.add_argument("--length-buckets", default=None,
+                   help="comma-separated prompt-length cut points, e.g. 4096,16384: one "
+                        "prefill batch holds one bucket only (default: none)")
+    g.add_argument("--speculative", default=None, choices=["ngram", "mtp"],
+                   help="speculative decoding: ngram (prompt lookup, any model) or mtp (the "
+                        "model's MTP layers); default off")
+    g.add_argument("--num-draft-tokens", type=int, default=4,
+                   help="draft tokens verified per decoding request and step (mtp: "
+                        "clamped to the model's MTP layer count)")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--device", default="cpu")
+
+
+def _buckets(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--length-buckets takes comma-separated integers, not {text!r}") \
+            from None
+
+
+def engine_opts(a: argparse.Namespace) -> dict:
+    return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
+                page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
+                prefix_cache=a.prefix_cache, retention=a.retention,
+                window_rebuild=a.window_rebuild,
+                max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+                num_threads=a.threads, device=a.device, policy=a.policy,
+                aging_per_second=a.aging_per_second, admission=a.admission,
+                length_buckets=_buckets(a.length_buckets),
+                speculative=a.speculative, num_draft_tokens=a.num_draft_tokens)
+
+
+def add_server_flags(p: argparse.ArgumentParser) -> None:
+    """The HTTP server's flags (`python server.py`): listening, limits, media policy and
+    logging. Engine flags come separately (`add_engine_flags`)."""
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    g.add_argument("--port", type=int, default=8000,
+                   help="port to listen on (default 8000; 0: any free port)")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1/* (default: no auth)")
+    g.add_argument("--served-model-name", default=None,
+                   help="model id clients send and /v1/models lists (default: --model)")
+    g.add_argument("--max-body-bytes", type=int, default=8 * 2**20,
+                   help="largest request body accepted (HTTP 413 above)")
+    g.add_argument("--max-in-flight", type=int, default=256,
+                   help="requests inside the pipeline at once; more wait in a queue")
+    g.add_argument("--max-queued", type=int, default=1024,
+                   help="requests waiting beyond --max-in-flight; more get HTTP 503")
+    m = p.add_argument_group("media (vision-language models)")
+    m.add_argument("--allowed-media-dir", action="append", default=[], metavar="DIR",
+                   help="serve file:// URLs and plain paths under DIR (repeatable; default: "
+                        "no local files)")
+    m.add_argument("--allow-private-media-urls", action="store_true",
+                   help="let media URLs reach loopback, private and link-local addresses "
+                        "(default: refused, against SSRF)")
+    m.add_argument("--max-media-bytes", type=int, default=64 * 2**20,
+                   help="largest image or video accepted, per item (download, data: URL or "
+                        "file; default 64 MiB)")
+    m.add_argument("--image-max-pixels", type=int, default=None, metavar="N",
+                   help="resize images to at most N pixels before encoding (N / 784 visual "
+                        "tokens; default: the checkpoint's preprocessor_config.json bound)")
+    m.add_argument("--embed-cache-bytes", type=int, default=512 * 2**20,
+                   help="memory for cached vision-encoder outputs, per encoder worker "
+                        "(default 512 MiB)")
+    m.add_argument("--encoder-workers", type=int, default=1,
+                   help="vision-encoder processes (default 1: the encoder runs in the server "
+                        "process); N > 1 starts N processes, each loading the vision tower "
+                        "and keeping its own --embed-cache-bytes cache, media routed to them "
+                        "by consistent hashing of their content")
+    g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def server_config(a: argparse.Namespace) -> ServerConfig:
+    """Parsed server flags -> ServerConfig (the media flags go to the media config)."""
+    return ServerConfig(host=a.host, port=a.port, api_key=a.api_key,
+                        served_model_name=a.served_model_name,
+                        max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight,
+                        max_queued=a.max_queued, embed_cache_bytes=a.embed_cache_bytes,
+                        encoder_workers=a.encoder_workers)
