@@ -35,7 +35,7 @@ def make_pool(full_pages=16, swa_pages=12, hybrid=True, seed=0) -> DualPool:
     pool = DualPool(layout, full_pages, swa_pages, P)
     g = torch.Generator().manual_seed(seed)
     for p in (pool.full, pool.swa):     # stale values everywhere: reading a wrong slot shows
-        for t in p._k + p._v:
+        for t in p.tensors.k + p.tensors.v:
             t.copy_(torch.randn(t.shape, generator=g))
     return pool
 
