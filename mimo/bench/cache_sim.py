@@ -8,8 +8,8 @@ trace's ideal hit rate with unlimited memory. Policies: the retention policies o
 caches prompts, `hybrid-output` prompts and outputs), `full-kv` (every layer in one pool,
 every cached prefix reusable, whole sequences cached as a plain radix cache does: the
 pre-SWA-aware baseline) and `off`. `--no-output-cache` caches prompts only under every
-policy, the baseline included. `--bound-baseline` adds full-kv runs at `bound` times each budget (`bound` as in
-`kv-capacity` at --bound-context): SWA's capacity gain carried into hit rate means the
+policy, the baseline included. `--bound-baseline` adds full-kv runs at `bound` times each
+budget (`bound` as in `kv-capacity` at --bound-context): SWA's capacity gain carried into hit rate means the
 hybrid policy at B comes close to full-kv at bound x B.
 
 Replays run in parallel processes (--jobs). Progress goes to stderr; the last line on
@@ -25,12 +25,18 @@ import sys
 import time
 from pathlib import Path
 
-from . import DEFAULT_TRACE
 from ..config import ConfigError, parse_size
-from ..kvcache.cache_sim import (BLOCK, CacheSim, estimate_swa_share, ideal_hit_rates,
-                                 load_trace, size_swa_share)
+from ..kvcache.cache_sim import (
+    BLOCK,
+    CacheSim,
+    estimate_swa_share,
+    ideal_hit_rates,
+    load_trace,
+    size_swa_share,
+)
 from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
 from ..kvcache.retention import POLICIES
+from . import DEFAULT_TRACE
 from .kv_capacity import ideal_bound
 
 NAME = "cache-sim"

@@ -10,8 +10,14 @@ from pathlib import Path
 import pytest
 
 from mimo.bench.__main__ import main
-from mimo.kvcache.cache_sim import (CacheSim, estimate_swa_share, ideal_hit_rates,
-                                    load_trace, prompt_tokens, size_swa_share)
+from mimo.kvcache.cache_sim import (
+    CacheSim,
+    estimate_swa_share,
+    ideal_hit_rates,
+    load_trace,
+    prompt_tokens,
+    size_swa_share,
+)
 from mimo.kvcache.layout import shape_layout
 from mimo.kvcache.retention import POLICIES
 
