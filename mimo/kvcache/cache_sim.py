@@ -135,8 +135,8 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
     Only where prompts alone are cached. With outputs cached (or every page kept) the fill
     share is returned: the next turn continues at the output end (a leaf) if it resends the
     output, or at the prompt end inside the sequence if it does not, which no leaf count can
-    tell; on the conversation trace, which does not, the leaves' windows alone give
-    "hybrid-output" 0.243 at 200 GiB and the fill share 0.256 (README, "cache-sim").
+    tell (docs/kvcache_measurements.md: on a trace that does not, the leaves' windows alone
+    cost hit rate).
 
     How: replay the trace at the fill-together share (the seed), count leaves every
     `leaf_every` requests, take the peak, scale it with the full pool if that ever filled (a

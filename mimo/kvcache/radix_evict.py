@@ -17,8 +17,7 @@ tail window of a leaf at least a receptive field long is not protected: it sits 
 order like any other window, the leaf keeps its full KV, and a later match rebuilds it. SWA
 pressure then drops a whole leaf only for an older protected (shorter) one. This keeps the
 cache useful when the SWA pool is sized for running requests' windows (the server's default
-split) rather than for the cache: on the Mooncake conversation trace at 200 GiB and a 0.037
-SWA share, 0.22 of the prompt tokens hit instead of 0.17.
+split) rather than for the cache (docs/kvcache_measurements.md has the hit rates).
 
 Freeing goes through unpark + free so the allocator sees EVICTABLE -> IN_USE -> FREE and
 raises on any page freed twice.
@@ -224,7 +223,7 @@ class EvictMixin:
         """Restore "every leaf ends window-safe" for a node that just became a leaf: cut it
         back to its last safe point, or drop it and repeat with its parent. (Even where a
         rebuild could reach past that point: its subtree just aged out, and keeping the
-        tail for a rebuild measured worse on the Mooncake trace.)"""
+        tail for a rebuild did worse on a real trace: docs/kvcache_measurements.md.)"""
         P, ff, fs = self.P, 0, 0
         while node.parent is not None and not node.children:
             if node.lock_ref:

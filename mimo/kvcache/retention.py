@@ -30,13 +30,8 @@ The engine must apply the same checkpoints *while the request runs*: window rele
 prefill frees SWA pages behind the window, so it must skip `keep_pages(...)` or the
 checkpoints are gone before the request is inserted.
 
-Measured on the Mooncake conversation trace (`python -m mimo.bench cache-sim`), MiMo-V2-Flash
-at 200 GiB, without window rebuild: the simple rule (one window at the prompt's last full
-block) serves 0.255 of the prompt tokens, "hybrid" 0.264 (branch windows, speculative grid,
-superseded ends demoted); at 2 TiB 0.350 and 0.366, against an ideal of 0.374. Window
-rebuild (`RadixTree.match`) lifts "hybrid" to 0.268 and 0.366; all of these at the
-fill-together SWA share. Sizing SWA for the leaves' windows (`cache_sim.size_swa_share`, the
-benchmark's default) gives "hybrid" 0.2695 at 200 GiB.
+How these checkpoints compare with the simple rule (one window at the prompt's last full
+block) on a real trace: docs/kvcache_measurements.md.
 """
 from __future__ import annotations
 
