@@ -4,7 +4,7 @@ one batch is encoded once, and the embeddings equal an uncached run."""
 import asyncio
 
 import torch
-from test_encode_stage import Recorder, tower  # noqa: F401 - the fixture
+from test_encode import Recorder, tower  # noqa: F401 - the fixture
 
 from mimo.multimodal.embed_cache import EmbedCache
 from mimo.multimodal.preprocess import Patches
