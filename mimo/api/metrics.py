@@ -73,7 +73,7 @@ class Metrics:
         self.registry.register(_EncoderCollector(encode))
 
     def watch_prefix_cache(self, cache) -> None:
-        """Export a prefix cache's running totals (`PrefixMatch.counters`), read at scrape
+        """Export a prefix cache's running totals (`PrefixCache.counters`), read at scrape
         time: window cuts by cause, evicted and revived pages."""
         self.registry.register(_PrefixCacheCollector(cache))
 
