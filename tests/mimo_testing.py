@@ -12,6 +12,27 @@ from mimo.models.hf_config import model_config_from_hf
 from mimo.models.registry import LoadedModel
 
 
+def randomize_(model, norm_mean: float, norm_std: float, sinks_std: float | None = None):
+    """Draw every weight again, in parameter order: norms from N(norm_mean, norm_std) (far from
+    the trained values, so a wrong norm convention shows), attention sinks from N(0, sinks_std)
+    when given, the rest from N(0, 0.08)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(norm_mean, norm_std)
+            elif sinks_std is not None and "sinks" in name:
+                p.normal_(0.0, sinks_std)
+            else:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def random_prompts(seed: int, lengths, vocab: int = 512) -> list[list[int]]:
+    """Token-id prompts of the given lengths, ids in [3, vocab), from one seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in lengths]
+
+
 def tiny_gemma3_hf(seed: int = 0, **overrides):
     """A random Gemma 3 text model from transformers (float32): 6 layers, 5 SWA + 1 full."""
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
@@ -23,14 +44,8 @@ def tiny_gemma3_hf(seed: int = 0, **overrides):
     kw.update(overrides)
     cfg = Gemma3TextConfig(**kw)
     torch.manual_seed(seed)
-    model = Gemma3ForCausalLM(cfg).float().eval()
-    with torch.no_grad():   # non-trivial norms, so a wrong (1 + w) convention shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.3)
-            else:
-                p.normal_(0.0, 0.08)
-    return model
+    # Non-trivial norms, so a wrong (1 + w) convention shows.
+    return randomize_(Gemma3ForCausalLM(cfg).float().eval(), 0.0, 0.3)
 
 
 def tiny_mimo_v2_flash_hf(seed: int = 0, **overrides):
@@ -55,15 +70,9 @@ def tiny_mimo_v2_flash_hf(seed: int = 0, **overrides):
     kw.update(overrides)
     cfg = MiMoV2FlashConfig(**kw)
     torch.manual_seed(seed)
-    model = MiMoV2FlashForCausalLM(cfg).float().eval()
-    with torch.no_grad():   # norms around 1 (x * w convention), sinks large enough to matter
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(1.0, 0.3)
-            elif "sinks" in name:
-                p.normal_(0.0, 1.0)
-            else:
-                p.normal_(0.0, 0.08)
+    # Norms around 1 (x * w convention), sinks large enough to matter.
+    model = randomize_(MiMoV2FlashForCausalLM(cfg).float().eval(), 1.0, 0.3, sinks_std=1.0)
+    with torch.no_grad():
         for name, b in model.named_buffers():
             if "e_score_correction_bias" in name:
                 b.normal_(0.0, 0.1)

@@ -1,8 +1,7 @@
 """When either pool is full, new requests wait, then run once memory frees; no deadlock, and
 waiting changes no request's tokens."""
 import pytest
-import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 
@@ -15,8 +14,7 @@ def loaded():
 
 
 def _prompts():
-    g = torch.Generator().manual_seed(3)
-    return [torch.randint(3, 512, (int(n),), generator=g).tolist() for n in (60, 90, 45, 120, 70, 100)]
+    return random_prompts(3, (60, 90, 45, 120, 70, 100))
 
 
 def _run(llm, prompts):

@@ -5,8 +5,7 @@ and the async loop then stops: every stream gets the error and `fatal` is set.""
 import asyncio
 
 import pytest
-import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.engine.async_engine import AsyncEngine
@@ -27,8 +26,7 @@ def loaded():
 
 
 def _prompts():
-    g = torch.Generator().manual_seed(4)
-    return [torch.randint(3, 512, (n,), generator=g).tolist() for n in (30, 45, 21)]
+    return random_prompts(4, (30, 45, 21))
 
 
 class FailOnce(ChunkedPrefill):

@@ -2,8 +2,7 @@
 planner goes in through `EngineParts`, and the scheduler and the other parts are untouched
 (the same requests give the same tokens)."""
 import pytest
-import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import DecodeStep
@@ -22,9 +21,7 @@ def loaded():
 
 
 def prompts():
-    g = torch.Generator().manual_seed(1)
-    return [{"prompt_token_ids": torch.randint(3, 512, (n,), generator=g).tolist()}
-            for n in (20, 45, 33)]
+    return [{"prompt_token_ids": ids} for ids in random_prompts(1, (20, 45, 33))]
 
 
 class FullLogitsArgmax(DecodeStep):

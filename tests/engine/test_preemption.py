@@ -2,8 +2,7 @@
 runs out of full-pool pages the newest request is preempted, rejoins the queue and resumes.
 Greedy tokens are the same as in a roomy pool; nothing leaks."""
 import pytest
-import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 
@@ -14,9 +13,7 @@ def loaded():
 
 
 def _prompts():
-    g = torch.Generator().manual_seed(5)
-    return [torch.randint(3, 512, (int(n),), generator=g).tolist()
-            for n in (40, 70, 33, 90, 52, 61)]
+    return random_prompts(5, (40, 70, 33, 90, 52, 61))
 
 
 PARAMS = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)

@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from mimo_testing import loaded_from_hf
+from mimo_testing import loaded_from_hf, randomize_
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError
@@ -30,14 +30,8 @@ def tiny_llama_hf(seed: int = 0, **overrides):
     kw.update(overrides)
     cfg = LlamaConfig(**kw)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).float().eval()
-    with torch.no_grad():   # norms far from 1, so a (1 + w) convention would show
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.normal_(0.0, 0.5)
-            else:
-                p.normal_(0.0, 0.08)
-    return model
+    # Norms far from 1, so a (1 + w) convention would show.
+    return randomize_(LlamaForCausalLM(cfg).float().eval(), 0.0, 0.5)
 
 
 def _ref_logits(model, ids):
