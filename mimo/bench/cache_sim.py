@@ -36,7 +36,7 @@ from ..kvcache.cache_sim import (
 )
 from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
 from ..kvcache.retention import POLICIES
-from . import DEFAULT_TRACE
+from . import add_trace_arg
 from .kv_capacity import ideal_bound
 
 NAME = "cache-sim"
@@ -46,9 +46,7 @@ BASELINES = ("full-kv", "off")
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="prefix-cache hit rate of a trace: hybrid vs full-kv",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", default=str(DEFAULT_TRACE),
-                   help="Mooncake-format JSONL trace (default: the repository's conversation trace, "
-                        "data/traces/conversation_trace.jsonl)")
+    add_trace_arg(p)
     p.add_argument("--shape", default="mimo-v2-flash", choices=sorted(KNOWN_SHAPES))
     p.add_argument("--kv-budget", default="200GiB",
                    help="KV byte budget, or a comma-separated list to sweep (200GiB,2TiB)")

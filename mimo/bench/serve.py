@@ -25,7 +25,7 @@ import random
 import sys
 import time
 
-from . import DEFAULT_TRACE
+from . import add_trace_arg
 from .server_process import ServerProcess
 
 NAME = "serve"
@@ -34,9 +34,7 @@ NAME = "serve"
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="TTFT per waiting-queue policy on a replayed trace",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--trace", default=str(DEFAULT_TRACE),
-                   help="Mooncake-format JSONL trace (default: the repository's conversation trace, "
-                        "data/traces/conversation_trace.jsonl)")
+    add_trace_arg(p)
     p.add_argument("--policies", default="fcfs,compute-aware")
     p.add_argument("--model", default="gemma-3-270m")
     p.add_argument("--num-requests", type=int, default=80)
