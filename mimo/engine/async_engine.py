@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .engine import EngineStopped, LLMEngine, StepFailed
@@ -63,7 +64,8 @@ class AsyncEngine:
         self.steps = 0
         self.last_step_seconds = 0.0
         self.fatal: BaseException | None = None
-        self.on_fatal = None        # called (on the event loop) with the error that stopped it
+        # Called (on the event loop) with the error that stopped it.
+        self.on_fatal: Callable[[BaseException], object] | None = None
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -96,6 +98,7 @@ class AsyncEngine:
 
     # ---- engine thread ----------------------------------------------------------------
     def _emit(self, stream: RequestStream, ev: StreamEvent) -> None:
+        assert self._loop is not None       # start() sets it before the engine thread runs
         self._loop.call_soon_threadsafe(stream.events.put_nowait, ev)
 
     def _drain_inbox(self) -> None:
@@ -161,4 +164,5 @@ class AsyncEngine:
         for stream in streams:
             self._emit(stream, StreamEvent([], "error", error=err))
         if self.on_fatal is not None:
+            assert self._loop is not None   # (as in _emit)
             self._loop.call_soon_threadsafe(self.on_fatal, err)

@@ -5,6 +5,7 @@ import torch
 
 from ..gpu.attention import AttentionBackend, TorchAttention, build_attn_batch
 from ..kvcache.dual_pool import DualPool
+from ..kvcache.seq_kv import SeqKV
 from ..models.context import ForwardContext
 from .scheduler import ScheduledChunk
 
@@ -45,7 +46,10 @@ class ModelRunner:
         """(input_ids, positions, ctx, logit_rows, keyword args) of one step: the model's
         forward arguments (keywords only for multimodal steps: `mm_embeds`).
         The same ctx also serves the model's MTP layers (`mtp_forward`) for these positions."""
-        ids, pos, spans, rows = [], [], [], []
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []
+        spans: list[tuple[int, int, int, SeqKV]] = []     # (row, start, tokens, its pages)
         # Any multimodal sequence in the step: positions become [3, T] (text rows repeat
         # their position on all three axes) and its media rows get vision embeddings.
         mm = any(c.seq.mm is not None for c in chunks)
@@ -68,9 +72,9 @@ class ModelRunner:
             if c.draft:
                 # Verify rows attend exactly as decode rows would (batched with the other
                 # decodes, same kernel), so accepted tokens match plain decoding.
-                spans.extend((row + i, c.start + i, 1, c.seq.kv) for i in range(c.n))
+                spans.extend((row + i, c.start + i, 1, c.seq.running_kv) for i in range(c.n))
             else:
-                spans.append((row, c.start, c.n, c.seq.kv))
+                spans.append((row, c.start, c.n, c.seq.running_kv))
             # (a window rebuild: SWA keys start at swa_floor; full KV below full_cached_to
             # is the prefix cache's, read and never written)
             row += c.n

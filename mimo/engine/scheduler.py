@@ -83,13 +83,14 @@ class Scheduler:
         self._current: Sequence | None = None   # the request being planned
         self.clock = time.monotonic
 
-    def _cached(self, seq: Sequence) -> bool:
-        """Whether this request goes through the prefix cache."""
-        return self.cache is not None and seq.cache_namespace is not NO_CACHE
+    def _cache_of(self, seq: Sequence) -> PrefixCache | None:
+        """The prefix cache this request goes through, None if it goes through none."""
+        return self.cache if seq.cache_namespace is not NO_CACHE else None
 
     def _uncached(self, seq: Sequence) -> int:
         tokens = seq.all_ids[:seq.prefill_end]
-        cached = self.cache.cached_len(tokens, seq.cache_namespace) if self._cached(seq) else 0
+        cache = self._cache_of(seq)
+        cached = cache.cached_len(tokens, seq.cache_namespace) if cache is not None else 0
         return len(tokens) - cached
 
     # ---- capacity -------------------------------------------------------------------
@@ -110,8 +111,9 @@ class Scheduler:
                if self.pool.hybrid else 0)
         if kv is not None and self.pool.hybrid:
             swa += len(kv.keep_swa)
-        if kv is not None and self._cached(seq):
-            pf, ps = self.cache.pinned_outside(kv)
+        cache = self._cache_of(seq)
+        if kv is not None and cache is not None:
+            pf, ps = cache.pinned_outside(kv)
             full, swa = full + pf, swa + ps
         return full, swa
 
@@ -130,7 +132,7 @@ class Scheduler:
         """`kv`: the request's pages so far (a locked prefix-cache match, if any)."""
         f, s = self.need(seq, kv)
         held = len(kv.full_pages)
-        needs = [(self.need(r), len(r.kv.full_pages)) for r in self.running]
+        needs = [(self.need(r), len(r.running_kv.full_pages)) for r in self.running]
         outstanding_full = sum(max(0, f_r - held_r) for (f_r, _), held_r in needs)
         steady_swa = sum(s_r for (_, s_r), _ in needs)
         return (self._available()[0] - outstanding_full >= f - held
@@ -167,7 +169,7 @@ class Scheduler:
         spare = budget - sum(not s.in_prefill for s in self.running)
         # Pages the decodes not yet scheduled need for their own token: drafts never take
         # them (with optimistic admission the pool may hold exactly that much).
-        own = {id(s): self.pool.pages_to_grow(s.kv, s.num_computed + 1)
+        own = {id(s): self.pool.pages_to_grow(s.running_kv, s.num_computed + 1)
                for s in self.running if not s.in_prefill} if drafts else {}
         later = [sum(f for f, _ in own.values()), sum(w for _, w in own.values())]
         for seq in self.running:
@@ -209,19 +211,20 @@ class Scheduler:
             self._current = seq
             kv = self.pool.new_seq()
             cached = 0
-            if self._cached(seq):
+            cache = self._cache_of(seq)
+            if cache is not None:
                 try:
-                    cached = self.cache.admit(kv, seq.all_ids[:seq.prefill_end],
-                                              len(seq.prompt_ids), seq.max_len,
-                                              seq.cache_namespace)
+                    cached = cache.admit(kv, seq.all_ids[:seq.prefill_end],
+                                         len(seq.prompt_ids), seq.max_len,
+                                         seq.cache_namespace)
                 except Exception:
-                    self.cache.release(kv)
+                    cache.release(kv)
                     raise
             if not self._can_admit(seq, kv) and kv.keep_swa:
                 kv.keep_swa = frozenset()   # too tight to hold retention windows: run anyway
             if not self._can_admit(seq, kv):
-                if self._cached(seq):
-                    self.cache.release(kv)
+                if cache is not None:
+                    cache.release(kv)
                 else:
                     self.pool.free_seq(kv)
                 if self.waiting.may_skip(seq, now):
@@ -247,9 +250,10 @@ class Scheduler:
         0 means wait for the next step."""
         P = self.pool.page_size
         free_f, free_s = self._available()
-        room = (len(seq.kv.full_pages) + free_f) * P - seq.num_computed
+        kv = seq.running_kv
+        room = (len(kv.full_pages) + free_f) * P - seq.num_computed
         if self.pool.hybrid:    # (a window rebuild holds full pages ahead of its SWA pages)
-            room = min(room, (len(seq.kv.swa_pages) + free_s) * P - seq.num_computed)
+            room = min(room, (len(kv.swa_pages) + free_s) * P - seq.num_computed)
         remaining = seq.prefill_end - seq.num_computed
         n = self.prefill.plan(seq, remaining, budget, max(0, room))
         if not 0 <= n <= min(remaining, budget, max(0, room)):
@@ -259,7 +263,7 @@ class Scheduler:
     def _room(self, seq: Sequence, n: int, reserve=(0, 0)) -> bool:
         """Whether growing `seq` by n tokens fits the free (and cache-evictable) pages, less
         `reserve` (full, swa) pages kept for others."""
-        f, w = self.pool.pages_to_grow(seq.kv, seq.num_computed + n)
+        f, w = self.pool.pages_to_grow(seq.running_kv, seq.num_computed + n)
         free_f, free_s = self._available()
         return f + reserve[0] <= free_f and w + reserve[1] <= free_s
 
@@ -273,10 +277,10 @@ class Scheduler:
 
     def _chunk(self, seq: Sequence, n: int, draft: list[int] | None = None) -> ScheduledChunk:
         self._current = seq
-        start = seq.num_computed
+        start, kv = seq.num_computed, seq.running_kv
         if self.cache is not None:
-            self.cache.make_room(*self.pool.pages_to_grow(seq.kv, start + n))
-        self.pool.grow(seq.kv, start + n)
+            self.cache.make_room(*self.pool.pages_to_grow(kv, start + n))
+        self.pool.grow(kv, start + n)
         if draft:
             return ScheduledChunk(seq, start, n, True, draft)
         return ScheduledChunk(seq, start, n, sample=start + n >= seq.num_tokens)
@@ -288,7 +292,7 @@ class Scheduler:
         admitted last. Its KV goes to the prefix cache (when there is one), so resuming
         recomputes little; it rejoins the queue with its original arrival time."""
         while len(self.running) > 1:
-            grow = [self.pool.pages_to_grow(r.kv, r.num_computed + 1)
+            grow = [self.pool.pages_to_grow(r.running_kv, r.num_computed + 1)
                     for r in self.running if not r.in_prefill]
             free_f, free_s = self._available()
             if sum(f for f, _ in grow) <= free_f and sum(s for _, s in grow) <= free_s:
@@ -299,10 +303,11 @@ class Scheduler:
         self._current = seq
         self.running.remove(seq)
         tokens = seq.all_ids[:seq.num_computed]
-        if self._cached(seq):
-            self.cache.finish(seq.kv, tokens, len(seq.prompt_ids))
+        cache = self._cache_of(seq)
+        if cache is not None:
+            cache.finish(seq.running_kv, tokens, len(seq.prompt_ids))
         else:
-            self.pool.free_seq(seq.kv)
+            self.pool.free_seq(seq.running_kv)
         seq.kv, seq.num_computed = None, 0
         seq.prefill_end = seq.num_tokens
         seq.preemptions += 1
@@ -318,20 +323,20 @@ class Scheduler:
         positions keep their KV; the rest is rolled back. Other chunks keep all `n`."""
         kept = kept or {}
         for c in chunks:
-            seq = c.seq
+            seq, kv = c.seq, c.seq.running_kv
             k = kept.get(c, c.n)
             seq.num_computed = c.start + k
             if k < c.n:                     # rejected drafts: roll their KV back
-                self.pool.truncate(seq.kv, seq.num_computed)
+                self.pool.truncate(kv, seq.num_computed)
             # SWA is kept from `kept_from` on (a lagging drafter still reads it); the cache
             # takes KV only up to there (the lock rule above).
             kept_from = max(0, seq.num_computed - self.swa_lag)
             # Share prompt KV as it is made (a concurrent request with the same prefix
             # reuses it); before window release, which may free pages the tree would keep.
-            if (self._cached(seq) and seq.finish_reason is None
-                    and c.start < seq.prefill_end):
-                self.cache.sync(seq.kv, seq.all_ids[:kept_from], len(seq.prompt_ids))
-            self.pool.release_window(seq.kv, kept_from)
+            cache = self._cache_of(seq)
+            if cache is not None and seq.finish_reason is None and c.start < seq.prefill_end:
+                cache.sync(kv, seq.all_ids[:kept_from], len(seq.prompt_ids))
+            self.pool.release_window(kv, kept_from)
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 
@@ -343,11 +348,12 @@ class Scheduler:
     def finish(self, seq: Sequence, offer: bool = True) -> None:
         if seq.status is Status.RUNNING:
             self.running.remove(seq)
-            if self._cached(seq):
+            cache = self._cache_of(seq)
+            if cache is not None:
                 tokens = seq.all_ids[:seq.num_computed] if offer else []
-                self.cache.finish(seq.kv, tokens, len(seq.prompt_ids))
+                cache.finish(seq.running_kv, tokens, len(seq.prompt_ids))
             else:
-                self.pool.free_seq(seq.kv)
+                self.pool.free_seq(seq.running_kv)
             seq.kv = None
         elif seq.status is Status.WAITING and seq in self.waiting:
             self.waiting.remove(seq)

@@ -12,6 +12,8 @@ from .sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from ..multimodal.mm_prompt import MMPrompt
+
 
 NO_CACHE = object()     # a Sequence.cache_namespace: keep this request out of the prefix cache
 
@@ -64,8 +66,15 @@ class Sequence:
         return self.admitted_at - self.queued_at
     # Multimodal prompts (a multimodal.mm_prompt.MMPrompt): 3-D positions and vision embeddings.
     # None for text, which then runs exactly as before.
-    mm: object | None = None
+    mm: MMPrompt | None = None
     spec_stats: object = None      # mimo.spec.SpecStats once speculative decoding ran for it
+
+    @property
+    def running_kv(self) -> SeqKV:
+        """Its pages, which it holds exactly while running: the scheduler sets `kv` on
+        admission and clears it when the request finishes or is preempted."""
+        assert self.kv is not None, f"request {self.id} holds no pages (not running)"
+        return self.kv
 
     @property
     def all_ids(self) -> list[int]:

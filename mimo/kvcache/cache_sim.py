@@ -65,7 +65,8 @@ def ideal_hit_rates(reqs, block: int = BLOCK) -> dict:
     hit_b = tot_b = hit_t = tot_t = 0
     for r in reqs:
         h, n = r["hash_ids"], r["input_length"]
-        k, key = 0, ()
+        k = 0
+        key: tuple[int, ...] = ()
         for x in h:
             key = key + (x,)
             if key not in seen:
@@ -94,7 +95,8 @@ def estimate_swa_share(reqs, layout: KVLayout, policy: RetentionPolicy, page: in
     for r in reqs:
         h, L = r["hash_ids"], r["input_length"]
         T = L + max(r["output_length"] - 1, 0)
-        k, key = 0, ()
+        k = 0
+        key: tuple[int, ...] = ()
         for x in h:
             key += (x,)
             if key not in seen:
@@ -150,6 +152,7 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
     sb, P = layout.swa_bytes_per_token, page
     win = _cdiv(layout.window - 1, P) * P * sb          # a leaf's tail window, page-aligned
     first = seed
+    k: float                # bytes of the peak leaves' windows (scaled below)
     for _ in range(2):
         sim = CacheSim(layout, full_kv, budget, "hybrid", page_size=page, align=align,
                        swa_share=seed, chunk=chunk, retention=policy, output=output,
@@ -193,7 +196,7 @@ class CacheSim:
             full_pages = (budget - swa_pages * P * self.sb) // (P * self.fb)
             mode = "hybrid"
         self.fa = PageAllocator(full_pages, "full")
-        self.sa = PageAllocator(swa_pages, "swa") if mode == "hybrid" else None
+        self.sa = PageAllocator(swa_pages, "swa") if mode == "hybrid" else None   # None: not hybrid
         self.hybrid = mode == "hybrid"
         # Window rebuild (RadixTree.match): the SWA receptive field, 0 when off.
         self.rebuild = layout.swa_receptive_field if self.hybrid and rebuild else 0
@@ -226,24 +229,24 @@ class CacheSim:
             keep_new = sorted(i for i in keep if lo <= i < n)
         transient = min(self.chunk_pages, n - q0) if self.hybrid else 0
         short_f = n - qf - self.fa.num_free
-        short_s = len(keep_new) + transient - self.sa.num_free if self.hybrid else 0
+        short_s = len(keep_new) + transient - self.sa.num_free if self.sa is not None else 0
         self.full_short += short_f > 0
         if short_f > 0 or short_s > 0:
             tree.evict(max(short_f, 0), max(short_s, 0))
         if (self.fa.num_free < n - qf
-                or (self.hybrid and self.sa.num_free < len(keep_new) + transient)):
+                or (self.sa is not None and self.sa.num_free < len(keep_new) + transient)):
             self.uncached += 1                  # bigger than the whole cache: run uncached
             tree.unlock(m.node, window)
             return m.length
         fp = self.fa.alloc(n - qf)
         swa = None
-        if self.hybrid:
+        if self.sa is not None:
             swa = list(m.swa_pages) + [None] * (n - q0)
             for i, s in zip(keep_new, self.sa.alloc(len(keep_new))):
                 swa[i] = s
         res = tree.insert(toks, m.full_pages + fp, swa, namespace, prompt_len=L)
         self.fa.free(res.dup_full)
-        if self.hybrid:
+        if self.sa is not None:
             self.sa.free(res.dup_swa)
         tree.unlock(m.node, window)
         return m.length

@@ -5,6 +5,7 @@ Kept free of any model code: the bench and the scheduler size pools from shapes 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..config import CacheConfig, ConfigError, ModelConfig
 
@@ -66,8 +67,9 @@ class KVLayout:
         return cls(tuple(full), tuple(swa), cfg.sliding_window, DTYPE_BYTES[dtype])
 
 
-# Shapes of real models, for sizing and benchmarks without weights.
-KNOWN_SHAPES = {
+# Shapes of real models, for sizing and benchmarks without weights. (Entries mix ints and
+# tuples and `shape_layout` reads them by computed keys, hence Any.)
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
     "gemma-3-270m": dict(layers=18, full_every=6, full=(1, 256, 256), swa=(1, 256, 256), window=512),
     "gemma-3-1b": dict(layers=26, full_every=6, full=(1, 256, 256), swa=(1, 256, 256), window=512),
     # 48 layers: 9 full-attention, 39 SWA (W=128); 4 KV heads on full layers, 8 on SWA layers.

@@ -21,11 +21,20 @@ rest is freed.
 """
 from __future__ import annotations
 
+from typing import cast
+
 from .dual_pool import DualPool
 from .prefix_cache import COUNTERS, PrefixCache
+from .radix_node import Node
 from .radix_tree import RadixTree
 from .retention import POLICIES, RetentionPolicy
 from .seq_kv import SeqKV
+
+
+def _locked(seq: SeqKV) -> Node | None:
+    """The tree node seq's lock is on. SeqKV keeps its node opaque (any prefix cache's);
+    every node this cache puts there is one of its tree's (`admit`, `sync`)."""
+    return cast("Node | None", seq.node)
 
 
 class RadixPrefixCache(PrefixCache):
@@ -119,7 +128,8 @@ class RadixPrefixCache(PrefixCache):
                          branch_len=seq.branch_len)
         # Pages the tree did not take stay the request's own until it finishes.
         m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False, rebuild=0)
-        if m.node is seq.node or m.length < (seq.node.end if seq.node else 0):
+        locked = _locked(seq)
+        if m.node is locked or m.length < (locked.end if locked else 0):
             return
         self.tree.lock(m.node)
         full = {i: p for i, p in enumerate(m.full_pages) if seq.full_pages[i] != p}
@@ -128,7 +138,7 @@ class RadixPrefixCache(PrefixCache):
                if self.pool.hybrid else {})
         if full or swa:
             self.pool.adopt(seq, full, swa)
-        self.tree.unlock(seq.node, seq.lock_window)
+        self.tree.unlock(locked, seq.lock_window)
         seq.node, seq.lock_window = m.node, True
 
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
@@ -141,14 +151,14 @@ class RadixPrefixCache(PrefixCache):
                                    prompt_len=prompt_len, branch_len=seq.branch_len)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)
-        node, seq.node, window = seq.node, None, seq.lock_window
+        node, seq.node, window = _locked(seq), None, seq.lock_window
         self.pool.free_seq(seq)        # frees only pages the tree does not own
         self.tree.unlock(node, window)
 
     def release(self, seq: SeqKV) -> None:
         """Undo `admit`: no KV offered, and a rebuild match's leaf is left as it was (its
         full KV is what a later admission rebuilds from; finishing would trim it)."""
-        node, seq.node, window = seq.node, None, seq.lock_window
+        node, seq.node, window = _locked(seq), None, seq.lock_window
         self.pool.free_seq(seq)
         self.tree.unlock(node, window, fix=False)
 
@@ -156,7 +166,7 @@ class RadixPrefixCache(PrefixCache):
         """SWA pages of the lock's window that the request's table no longer holds (window
         release dropped them while the lock stays). Full: none, since the lock's path is
         the request's own table (`sync` adopts the tree's copy before locking it)."""
-        node = seq.node
+        node = _locked(seq)
         if node is None or not seq.lock_window or not self.pool.hybrid:
             return 0, 0
         table = seq.swa_pages

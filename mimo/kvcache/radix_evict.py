@@ -25,20 +25,25 @@ raises on any page freed twice.
 from __future__ import annotations
 
 import heapq
+from typing import TYPE_CHECKING
 
 from .allocator import EVICTABLE, IN_USE
-from .radix_node import EVICTED_SWA
+from .radix_node import EVICTED_SWA, TreeCore
 from .retention import window_first_page
 
 
-class EvictMixin:
+class EvictMixin(TreeCore):
+    if TYPE_CHECKING:
+        # RadixTree's (the match rules own where a rebuild starts).
+        def _rebuild_start(self, end: int, rebuild: int) -> int: ...
+
     # ---- public ------------------------------------------------------------------------
     def evict(self, full: int = 0, swa: int = 0) -> tuple[int, int]:
         """Free at least `full` full pages and `swa` SWA pages, fewer only when everything
         left is locked. Returns (full pages freed, SWA pages freed)."""
         ff, fs = self._evict(full, swa)
         if (ff < full and self.full_alloc.num_evictable) or (
-                fs < swa and self.hybrid and self.swa_alloc.num_evictable):
+                fs < swa and self.hybrid and self._swa_pool.num_evictable):
             # Evictable pages the lazy heaps lost track of. Never expected (`reheaps`
             # counts it; the property tests assert 0), but the scheduler counts every
             # evictable page as available, so rebuild both heaps and go on.
@@ -159,8 +164,8 @@ class EvictMixin:
         for i in idx:
             node.swa[i] = EVICTED_SWA
         self._own_s[pages] = False
-        self.swa_alloc.unpark(pages)
-        self.swa_alloc.free(pages)
+        self._swa_pool.unpark(pages)
+        self._swa_pool.free(pages)
         self.counters["tombstoned_swa"] += len(pages)
         if self.rebuild:
             self._push_unprotected(node)
@@ -200,8 +205,8 @@ class EvictMixin:
                 self.unmap([node.full[i] for i in live])
             pages = [node.swa[i] for i in live]
             self._own_s[pages] = False
-            self.swa_alloc.unpark(pages)
-            self.swa_alloc.free(pages)
+            self._swa_pool.unpark(pages)
+            self._swa_pool.free(pages)
         self.counters["evicted_full"] += len(node.full)
         self.counters["evicted_swa"] += len(live)
         return len(node.full), len(live)
@@ -279,7 +284,7 @@ class EvictMixin:
                 assert sp not in seen_s, f"SWA page {sp} held twice"
                 seen_s.add(sp)
                 want = IN_USE if i in n.swa_lock else EVICTABLE
-                assert self.swa_alloc._state[sp] == want, f"SWA page {sp} in wrong state"
+                assert self._swa_pool._state[sp] == want, f"SWA page {sp} in wrong state"
                 evict_s += want == EVICTABLE
             if not n.children and not n.lock_ref and not self._rebuild_reaches(n):
                 # (A locked leaf's window is locked, so live, except under a rebuild lock:

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .retention import window_first_page
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .allocator import PageAllocator
+    from .retention import RetentionPolicy
 
 NO_SWA = -1            # tombstone: this page's SWA KV was never kept (outside every window)
 EVICTED_SWA = -2       # tombstone: it was kept, then freed by SWA-only eviction
@@ -67,6 +75,34 @@ class InsertResult:
 
 class TreeCore:
     """Walking, splitting and the window arithmetic, shared by the tree and its eviction."""
+    # The tree's state, set by `RadixTree.__init__` and read by these helpers and the
+    # eviction mixin built on them.
+    P: int                              # page size (tokens)
+    W: int                              # SWA window (tokens)
+    mode: str
+    hybrid: bool                        # mode == "hybrid": swa_alloc is set, nodes have swa
+    rebuild: int
+    full_alloc: PageAllocator
+    swa_alloc: PageAllocator | None
+    policy: RetentionPolicy
+    unmap: Callable[[list[int]], None] | None
+    _roots: dict[Hashable, Node]
+    _own_f: np.ndarray
+    _own_s: np.ndarray
+    _clock: int
+    _seq: Iterator[int]
+    _leaf_heap: list[tuple[int, int, Node]]
+    _swa_heap: list[tuple[int, int, Node]]
+    _heap_cap: int
+    counters: dict[str, int]
+
+    @property
+    def _swa_pool(self) -> PageAllocator:
+        """The SWA allocator: every tree in hybrid mode has one (`RadixTree.__init__`), and
+        only hybrid mode touches SWA pages."""
+        assert self.swa_alloc is not None, "SWA pages outside hybrid mode"
+        return self.swa_alloc
+
     def _tick(self) -> int:
         self._clock += 1
         return self._clock
@@ -135,6 +171,7 @@ class TreeCore:
         P, live, n = self.P, {}, node
         while n.parent is not None and n.end // P > first:
             s = n.start // P
+            assert n.swa is not None        # a non-root node of a hybrid tree
             for i in range(max(first - s, 0), len(n.swa)):
                 live[s + i] = n.swa[i] >= 0
             n = n.parent
@@ -144,6 +181,7 @@ class TreeCore:
         """Split `node` after its first k pages; the new prefix node is returned and `node`
         keeps the suffix (so its end, and references to it, do not change)."""
         P, parent = self.P, node.parent
+        assert parent is not None           # a root holds no pages to split
         pre = Node(parent, node.tokens[:k * P], node.full[:k],
                    None if node.swa is None else node.swa[:k], node.start, node.time)
         pre.lock_ref, pre.swa_time = node.lock_ref, node.swa_time
@@ -161,7 +199,8 @@ class TreeCore:
 
     def _window(self, node: Node):
         """(node, local page) pairs holding the window before node.end, walking up."""
-        P, out = self.P, []
+        P = self.P
+        out: list[tuple[Node, int]] = []
         first = window_first_page(node.end, self.W, P)
         n = node
         while n is not None and n.parent is not None and n.end // P > first:

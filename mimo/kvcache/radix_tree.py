@@ -50,7 +50,7 @@ from .retention import RetentionPolicy, window_first_page
 MODES = ("hybrid", "full-kv", "off")
 
 
-class RadixTree(TreeCore, EvictMixin):
+class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
     def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
                  swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
                  mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None,
@@ -72,7 +72,7 @@ class RadixTree(TreeCore, EvictMixin):
         # Which pages the tree holds: a page passed to insert is handed back exactly when
         # the tree does not hold it afterwards, whatever the caller's tokens cover.
         self._own_f = np.zeros(full_alloc.capacity, dtype=bool)
-        self._own_s = np.zeros(swa_alloc.capacity if self.hybrid else 0, dtype=bool)
+        self._own_s = np.zeros(self._swa_pool.capacity if self.hybrid else 0, dtype=bool)
         self._clock = 0
         self._seq = itertools.count()           # heap tie-breaker
         self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
@@ -212,7 +212,7 @@ class RadixTree(TreeCore, EvictMixin):
             c = n.swa_lock.get(i, 0)
             n.swa_lock[i] = c + 1
             if c == 0:
-                self.swa_alloc.unpark([n.swa[i]])
+                self._swa_pool.unpark([n.swa[i]])
 
     def window_of(self, node: Node | None) -> list[tuple[int, int]]:
         """(logical page, SWA page) of the window a window lock on `node` pins."""
@@ -231,7 +231,7 @@ class RadixTree(TreeCore, EvictMixin):
                 n.swa_lock[i] = c
             else:
                 del n.swa_lock[i]
-                self.swa_alloc.park([n.swa[i]])
+                self._swa_pool.park([n.swa[i]])
                 self._push_swa(n)
         n = node
         while n.parent is not None:
@@ -291,6 +291,7 @@ class RadixTree(TreeCore, EvictMixin):
         now, toks = self._tick(), self._tok(tokens)
         n = min(len(full_pages), len(toks) // P)
         root = self._root(namespace, create=True)
+        assert root is not None             # create=True
         path, m = self._walk(root, toks, n)
         mq = m // P
         q_end = self.policy.cache_len(len(toks), P, prompt_len) // P
@@ -320,7 +321,7 @@ class RadixTree(TreeCore, EvictMixin):
                     continue
                 if nd.swa[i] < 0 and g in keep:
                     nd.swa[i] = s
-                    self.swa_alloc.park([s])
+                    self._swa_pool.park([s])
                     self._own_s[s] = True
                     self.counters["revived_swa"] += 1
                     if full_pages[g] != nd.full[i]:
@@ -361,7 +362,7 @@ class RadixTree(TreeCore, EvictMixin):
                 self._own_f[nd.full] = True
                 if swa is not None:
                     live_s = [s for s in swa if s >= 0]
-                    self.swa_alloc.park(live_s)
+                    self._swa_pool.park(live_s)
                     self._own_s[live_s] = True
                     if not any(i in firm for i in range(lo, hi)):
                         nd.swa_time = now - SPECULATIVE   # older than anything firm
