@@ -2,46 +2,22 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
+from mimo.bench.server_process import ServerProcess as BaseServerProcess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 API_KEY = "test-key"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
+class ServerProcess(BaseServerProcess):
+    """`server.py` with these flags on a free 127.0.0.1 port (see mimo.bench.server_process),
+    plus the pool checks the API tests make after their scenarios."""
     def __init__(self, *args: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ROOT}
-        self.log = open(os.path.join(ROOT, f".server-{self.port}.log"), "w+")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "server.py"), "--host", "127.0.0.1",
-             "--port", str(self.port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"server exited early:\n{self.log.read()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        self.stop()
-        raise RuntimeError("server did not become healthy in 180 s")
+        super().__init__(list(args), start_timeout=180)
 
     def pools(self) -> dict:
         """Pool page counts by state, from /metrics."""
@@ -68,16 +44,6 @@ class ServerProcess:
             if time.time() > deadline:
                 raise AssertionError(f"pools not idle/balanced: {p}")
             time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-        os.unlink(self.log.name)
 
 
 @pytest.fixture(scope="session")
