@@ -10,8 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest
+from helpers.tiny_models import loaded_from_hf, long_prompt_ids, tiny_gemma3_hf  # noqa: F401
 from hypothesis import settings
-from mimo_testing import loaded_from_hf, long_prompt_ids, tiny_gemma3_hf  # noqa: F401
 
 # CI (CI set, as .ci/run does) replays the same examples every run, so a landing's verdict
 # does not depend on the draw; local runs draw new ones and may find a new falsifying case.

@@ -1,6 +1,6 @@
 """The offline API: prompts as text or token ids, seeds, stop tokens, outputs."""
 import pytest
-from mimo_testing import loaded_from_hf
+from helpers.tiny_models import loaded_from_hf
 
 from mimo import LLM, SamplingParams
 

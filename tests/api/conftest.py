@@ -83,7 +83,7 @@ def vlm_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def media_dir():
-    from multimodal.media_testing import MEDIA_DIR, media_path
+    from helpers.media import MEDIA_DIR, media_path
     for name in ("astronaut.png", "coffee.png", "rocket.jpg", "nasa_13013.mp4"):
         media_path(name)          # fails, naming the missing file, when the set is absent
     return MEDIA_DIR

@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from multimodal.media_testing import loopback_server, media_path, send
+from helpers.media import loopback_server, media_path, send
 
 ASK = {"type": "text", "text": "What is in this picture?"}
 GREEDY = dict(temperature=0, max_tokens=8)

@@ -9,7 +9,7 @@ import zlib
 import httpx
 import pytest
 from conftest import MAX_MEDIA_BYTES
-from multimodal.media_testing import loopback_server, media_path, send
+from helpers.media import loopback_server, media_path, send
 
 
 def png_header_only(width: int, height: int) -> bytes:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from multimodal.media_testing import media_path
+from helpers.media import media_path
 
 RUNS = [("image_qa.py", "rocket.jpg"), ("video_qa.py", "nasa_13013.mp4")]
 

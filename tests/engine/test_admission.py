@@ -1,7 +1,7 @@
 """When either pool is full, new requests wait, then run once memory frees; no deadlock, and
 waiting changes no request's tokens."""
 import pytest
-from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 

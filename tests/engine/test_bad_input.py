@@ -1,6 +1,6 @@
 """Bad input: each a clear exception naming the problem, and nothing stays allocated."""
 import pytest
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError

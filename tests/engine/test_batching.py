@@ -1,7 +1,7 @@
 """Continuous batching and chunked prefill on the real default model (float32): the tokens of
 a request do not depend on how its prompt was chunked or what it was batched with."""
 import pytest
-from mimo_testing import long_prompt_ids
+from helpers.tiny_models import long_prompt_ids
 
 from mimo import LLM, SamplingParams
 

@@ -1,7 +1,7 @@
 """The engine-level randomized differential test (engine_fuzz.py) on a fixed set of seeds.
-Thousands more run locally: `python tests/engine/engine_fuzz.py --seeds 0:3000`."""
-import engine_fuzz
+Thousands more run locally: `python tests/helpers/engine_fuzz.py --seeds 0:3000`."""
 import pytest
+from helpers import engine_fuzz
 
 # A fixed spread over models, page sizes, admission modes and drafters, plus seeds that
 # failed before the fixes they name (MTP lag: 44, 92, 99; SWA pinned by a lock: 314, 333).

@@ -5,7 +5,7 @@ and the async loop then stops: every stream gets the error and `fatal` is set.""
 import asyncio
 
 import pytest
-from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.engine.async_engine import AsyncEngine

@@ -2,7 +2,7 @@
 planner goes in through `EngineParts`, and the scheduler and the other parts are untouched
 (the same requests give the same tokens)."""
 import pytest
-from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import DecodeStep

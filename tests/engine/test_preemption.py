@@ -2,7 +2,7 @@
 runs out of full-pool pages the newest request is preempted, rejoins the queue and resumes.
 Greedy tokens are the same as in a roomy pool; nothing leaks."""
 import pytest
-from mimo_testing import loaded_from_hf, random_prompts, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, random_prompts, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 

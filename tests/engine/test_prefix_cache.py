@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import PlainDecode

@@ -2,7 +2,7 @@
 each case one that broke before (no model: the scheduler and the cache alone)."""
 import random
 
-from sched_harness import Harness
+from helpers.sched_harness import Harness
 
 from mimo.engine.prefill_planner import ChunkedPrefill
 

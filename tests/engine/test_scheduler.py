@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sched_harness import Harness, continuation
+from helpers.sched_harness import Harness, continuation
 
 from mimo.engine.prefill_planner import ChunkedPrefill
 
@@ -52,14 +52,14 @@ def _expected(prompts, max_tokens=20):
 def test_the_scheduler_and_its_bookkeeping_import_no_torch():
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "import mimo.engine.scheduler\n"
-            "from sched_harness import Harness\n"
+            "from helpers.sched_harness import Harness\n"
             "h = Harness(); [h.add(list(range(3, 3 + n)), 4) for n in (9, 30)]; h.run()\n"
             "h.check_idle()\n"
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('torch.', "
             "'mimo.models', 'mimo.gpu'))]\n"
             "assert not bad, bad\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    r = subprocess.run([sys.executable, "-c", code, str(HERE)], capture_output=True,
+    r = subprocess.run([sys.executable, "-c", code, str(HERE.parent)], capture_output=True,
                        text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr
 

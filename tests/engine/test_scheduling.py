@@ -1,6 +1,6 @@
 """Waiting-queue policies inside the real scheduler (tiny model): who is admitted first."""
 import pytest
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError

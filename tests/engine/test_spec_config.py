@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 from test_cli import _run
 
 from mimo import LLM, SamplingParams

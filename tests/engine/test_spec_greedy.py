@@ -7,7 +7,7 @@ import dataclasses
 import random
 
 import pytest
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.spec import Drafter

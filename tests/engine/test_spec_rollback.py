@@ -4,8 +4,8 @@ both pools), the full->SWA map agrees with the page tables, no request holds mor
 its reservation, the pools balance, and nothing leaks at the end."""
 import random
 
-from kvcache.kv_checks import check_map, live_swa_pages
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.kv_checks import check_map, live_swa_pages
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 from mimo.kvcache.dual_pool import DualPool

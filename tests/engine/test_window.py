@@ -1,7 +1,7 @@
 """Window release: a long request holds only its window of SWA KV, and all of its full KV."""
 import torch
-from kvcache.kv_checks import live_swa_pages
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.kv_checks import live_swa_pages
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 

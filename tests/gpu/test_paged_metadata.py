@@ -302,7 +302,7 @@ def test_random_steps_match_torch_backend(seed, hybrid):
 # ---- a real model forward ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def mimo_model():
-    from mimo_testing import loaded_from_hf, tiny_mimo_v2_flash_hf
+    from helpers.tiny_models import loaded_from_hf, tiny_mimo_v2_flash_hf
 
     from mimo.models.registry import build_model
     loaded = loaded_from_hf(tiny_mimo_v2_flash_hf())

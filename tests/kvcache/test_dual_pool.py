@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
+from helpers.kv_checks import check_map, live_swa_pages
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from kvcache.kv_checks import check_map, live_swa_pages
 
 from mimo.config import ModelConfig
 from mimo.kvcache.allocator import OutOfPages

@@ -10,10 +10,10 @@ went, that eviction stopped only when nothing was left to evict, and then adopts
 """
 from __future__ import annotations
 
+from helpers.radix_model import brute_insert, brute_match, flatten, key, needed_pages
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from radix_model import brute_insert, brute_match, flatten, key, needed_pages
 
 from mimo.kvcache.allocator import IN_USE, OutOfPages, PageAllocator
 from mimo.kvcache.radix_tree import RadixTree

@@ -6,7 +6,7 @@ holding positions [L - 7, L), i.e. pages (L - 7) // 4 .. L // 4 - 1 (two or thre
 from __future__ import annotations
 
 import pytest
-from radix_model import brute_match, flatten
+from helpers.radix_model import brute_match, flatten
 
 from mimo.kvcache.allocator import EVICTABLE, IN_USE, PageAllocator
 from mimo.kvcache.radix_tree import RadixTree

@@ -2,7 +2,7 @@
 config, float32): same logits at every position, whatever the chunking."""
 import pytest
 import torch
-from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
 

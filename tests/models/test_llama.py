@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import torch
-from mimo_testing import loaded_from_hf, randomize_
+from helpers.tiny_models import loaded_from_hf, randomize_
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError

@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-from mimo_testing import loaded_from_hf, tiny_mimo_v2_flash_hf
-from mtp_reference import mtp_weights, plain_mtp
+from helpers.mtp_reference import mtp_weights, plain_mtp
+from helpers.tiny_models import loaded_from_hf, tiny_mimo_v2_flash_hf
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError

@@ -132,7 +132,7 @@ def test_bfloat16_serving_path_runs_a_video_prompt(tiny_dir):
 
 
 def test_text_model_refuses_media(tiny_dir):
-    from mimo_testing import loaded_from_hf, tiny_gemma3_hf
+    from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
     from mimo import SamplingParams
     from mimo.engine.engine import RequestError

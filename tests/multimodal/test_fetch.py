@@ -7,7 +7,7 @@ import os
 
 import httpx
 import pytest
-from media_testing import loopback_server, self_signed_cert, send, stall
+from helpers.media import loopback_server, self_signed_cert, send, stall
 
 from mimo.multimodal.config import MediaConfig
 from mimo.multimodal.errors import MediaError, MediaFetchError, MediaForbidden, MediaTooLarge

@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from media_testing import media_path
+from helpers.media import media_path
 from PIL import Image
 
 from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from media_testing import media_path
+from helpers.media import media_path
 from PIL import Image
 
 from mimo.multimodal.image import decode_image

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from media_testing import media_path
+from helpers.media import media_path
 from PIL import Image
 
 from mimo.config import ConfigError, VisionConfig

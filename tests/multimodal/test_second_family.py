@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import httpx
 import pytest
 import torch
-from media_testing import MEDIA_DIR, media_path
+from helpers.media import MEDIA_DIR, media_path
 from tokenizers import AddedToken
 
 from mimo import LLM, SamplingParams

@@ -6,8 +6,8 @@ import asyncio
 import av
 import numpy as np
 import pytest
-from media_testing import media_path
-from video_testing import write_video
+from helpers.media import media_path
+from helpers.video import write_video
 
 from mimo.multimodal.errors import MediaDecodeError, MediaTooLarge
 from mimo.multimodal.video import VideoDecoder, probe, split_chunks

@@ -5,7 +5,7 @@ import asyncio
 import time
 
 import pytest
-from pl_helpers import Gauge, Job, async_test, settle
+from helpers.pipeline import Gauge, Job, async_test, settle
 
 from mimo.pipeline import Overloaded, Pipeline, PipelineError
 

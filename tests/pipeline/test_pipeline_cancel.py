@@ -6,7 +6,7 @@ import asyncio
 import time
 
 import pytest
-from pl_helpers import async_test, settle
+from helpers.pipeline import async_test, settle
 
 from mimo.pipeline import (
     DeadlineExceeded,

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from pl_helpers import Job, async_test
+from helpers.pipeline import Job, async_test
 
 from mimo.pipeline import BatchStage, Pipeline, PipelineClosed, Request, StageError
 

@@ -7,7 +7,7 @@ import contextlib
 import threading
 
 import pytest
-from pl_helpers import Job, async_test, settle
+from helpers.pipeline import Job, async_test, settle
 
 from mimo.pipeline import Pipeline, RequestCancelled, Stage, StageError
 

@@ -8,8 +8,8 @@ import random
 
 import pytest
 import torch
-from mimo_testing import tiny_mimo_v2_flash_hf
-from mtp_reference import mtp_weights, plain_mtp
+from helpers.mtp_reference import mtp_weights, plain_mtp
+from helpers.tiny_models import tiny_mimo_v2_flash_hf
 
 from mimo import LLM, SamplingParams
 from mimo.config import ConfigError, SpecConfig

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from multimodal.media_testing import media_path
+from helpers.media import media_path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from multimodal.media_testing import MEDIA_DIR, loopback_server, media_path, send
+from helpers.media import MEDIA_DIR, loopback_server, media_path, send
 
 from mimo.multimodal.config import MediaConfig
 from mimo.multimodal.errors import MediaDecodeError, MediaForbidden

@@ -1,5 +1,4 @@
-"""Builders shared by the tests (a plain module: test files import it by this unique name;
-`conftest` is ambiguous once a subfolder has its own conftest.py)."""
+"""Tiny random models from transformers, the LoadedModel built from one, seeded prompts."""
 from __future__ import annotations
 
 import os

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]   # tests/helpers/media.py
 MEDIA_DIR = REPO / "data" / "media"
 
 

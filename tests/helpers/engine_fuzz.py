@@ -13,7 +13,7 @@ whose reference top-2 logit margin is below `TIE` is a floating-point near-tie, 
 so is one the cache-free reference reproduces when the request is batched with a copy of
 itself (batch-size rounding flipping a near-tie inside the model, e.g. MoE routing).
 
-`python tests/engine/engine_fuzz.py --seeds 0:3000` runs thousands locally; the suite replays
+`python tests/helpers/engine_fuzz.py --seeds 0:3000` runs thousands locally; the suite replays
 a fixed set (tests/engine/test_engine_fuzz.py).
 """
 from __future__ import annotations
@@ -26,10 +26,13 @@ import traceback
 from dataclasses import dataclass, field
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if __name__ == "__main__":   # run as a script: import `helpers` and `mimo` from this checkout
+    _tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path[:0] = [_tests, os.path.dirname(_tests)]
 
-import torch
-from sched_harness import check_lock_rule
+import torch  # noqa: E402
 
+from helpers.sched_harness import check_lock_rule  # noqa: E402
 from mimo import LLM, SamplingParams
 from mimo.engine.engine import RequestError, StepFailed
 from mimo.engine.parts import EngineParts
@@ -52,13 +55,13 @@ def model(kind: str, window: int) -> LoadedModel:
     """('gemma3' | 'mimo' | 'mimo-mtp', window) -> a tiny random LoadedModel."""
     key = (kind, window)
     if key not in _MODELS:
-        from mimo_testing import tiny_gemma3_hf, tiny_mimo_v2_flash_hf
+        from helpers.tiny_models import tiny_gemma3_hf, tiny_mimo_v2_flash_hf
         if kind == "gemma3":
             hf = tiny_gemma3_hf(seed=window, sliding_window=window)
             cfg = model_config_from_hf(hf.config.to_dict())
             w = {k: v.detach().clone() for k, v in hf.state_dict().items()}
         else:
-            from mtp_reference import mtp_weights
+            from helpers.mtp_reference import mtp_weights
             hf = tiny_mimo_v2_flash_hf(seed=window, sliding_window_size=window)
             cfg = model_config_from_hf(hf.config.to_dict())
             w = {k: v.detach().clone() for k, v in hf.state_dict().items()}
@@ -387,6 +390,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                    os.path.dirname(os.path.abspath(__file__))]
     sys.exit(main())
