@@ -18,13 +18,13 @@ MEDIA_PARTS = {"image_url": "image", "video_url": "video"}
 MAX_URL_CHARS = 16 * 2**20        # a data: URL is the only long one; the body limit binds first
 
 
-def _utf8(s: str, where: str) -> str:
+def valid_unicode(s: str, where: str, param: str = "messages") -> str:
     """JSON may carry lone surrogate escapes ("\\ud800"); they are not text a tokenizer takes."""
     try:
         s.encode("utf-8")
     except UnicodeEncodeError:
         raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)",
-                          "messages") from None
+                          param) from None
     return s
 
 
@@ -53,7 +53,7 @@ def _media(part: dict, kind_key: str, where: str) -> MediaItem:
                           "messages")
     if len(url) > MAX_URL_CHARS:
         raise bad_request(f"{where}.{kind_key}.url is over {MAX_URL_CHARS} characters", "messages")
-    _utf8(url, f"{where}.{kind_key}.url")
+    valid_unicode(url, f"{where}.{kind_key}.url")
     if kind == "image":
         return MediaItem("image", url.strip())
     return MediaItem("video", url.strip(), fps=_opt_num(spec, "fps", f"{where}.video_url", False),
@@ -65,7 +65,7 @@ def parse_content(content: Any, i: int, role: str, multimodal: bool,
     """messages[i].content -> a string, or a list of {"type": "text"|"image"|"video"} parts
     when it holds media (appended to `media` in order)."""
     if isinstance(content, str):
-        return _utf8(content, f"messages[{i}].content")
+        return valid_unicode(content, f"messages[{i}].content")
     if not isinstance(content, list):
         raise bad_request(f"messages[{i}].content must be a string or a list of content parts",
                           "messages")
@@ -76,7 +76,7 @@ def parse_content(content: Any, i: int, role: str, multimodal: bool,
         if kind == "text":
             if not isinstance(p.get("text"), str):
                 raise bad_request(f"{where}.text must be a string", "messages")
-            parts.append({"type": "text", "text": _utf8(p["text"], where)})
+            parts.append({"type": "text", "text": valid_unicode(p["text"], where)})
         elif kind in MEDIA_PARTS:
             if not multimodal:
                 raise bad_request(f"{where}: this model is text-only and takes no "

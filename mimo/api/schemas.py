@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine.sampling_params import SamplingParams
 from ..multimodal.item import MediaItem
-from .content import parse_content
+from .content import parse_content, valid_unicode
 from .errors import APIError, bad_request
 
 # Accepted and ignored: they change nothing a single-choice, text-only completion returns.
@@ -98,16 +98,6 @@ def _stop(body) -> list[str]:
     return [x for x in s if x]
 
 
-def _utf8(s: str, where: str, param: str) -> str:
-    """JSON may carry lone surrogate escapes ("\\ud800"); they are not text a tokenizer takes."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError:
-        raise bad_request(f"{where} is not valid Unicode (lone surrogate escape)",
-                          param) from None
-    return s
-
-
 def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False) -> GenerationSpec:
     """`multimodal`: the model takes image_url / video_url parts (else they are a 400)."""
     if not isinstance(body, dict):
@@ -152,11 +142,11 @@ def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False) ->
         if isinstance(p, str):
             if not p:
                 raise bad_request("'prompt' is empty", "prompt")
-            spec.prompt = _utf8(p, "'prompt'", "prompt")
+            spec.prompt = valid_unicode(p, "'prompt'", "prompt")
         elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
             spec.prompt_ids = list(p)
         elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], str) and p[0]:
-            spec.prompt = _utf8(p[0], "'prompt'", "prompt")
+            spec.prompt = valid_unicode(p[0], "'prompt'", "prompt")
         else:
             raise bad_request("'prompt' must be a non-empty string, one string in a list, or a "
                               "list of token ids", "prompt")
