@@ -18,14 +18,10 @@ def content_digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def media_key(data: bytes, settings_fingerprint: str, extra: str = "") -> str:
-    """Cache key for `data` under the given processor settings. `extra` carries anything
-    else that changes the pixels (a video's fps, frame count or stream)."""
-    return digest_key(content_digest(data), settings_fingerprint, extra)
-
-
 def digest_key(digest: str, settings_fingerprint: str, extra: str = "") -> str:
-    """`media_key` from the bytes' `content_digest`."""
+    """Cache key for the bytes whose `content_digest` is `digest`, under the given processor
+    settings. `extra` carries anything else that changes the pixels (a video's fps, frame
+    count or stream)."""
     return f"{digest}:{settings_fingerprint}" + (f":{extra}" if extra else "")
 
 

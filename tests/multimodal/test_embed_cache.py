@@ -5,12 +5,14 @@ import random
 
 import torch
 
-from mimo.multimodal.embed_cache import EmbedCache, media_key
+from mimo.multimodal.embed_cache import EmbedCache, content_digest, digest_key
 from mimo.multimodal.preprocess import ProcessorSettings
 
 
 def test_key_depends_on_bytes_and_settings():
     a, b = ProcessorSettings(), ProcessorSettings(max_pixels=512 * 28 * 28)
+    def media_key(data: bytes, fp: str, extra: str = "") -> str:
+        return digest_key(content_digest(data), fp, extra)
     k = media_key(b"img", a.fingerprint())
     assert k == media_key(b"img", ProcessorSettings().fingerprint())
     assert k != media_key(b"img", b.fingerprint()) != media_key(b"img2", a.fingerprint())
