@@ -50,13 +50,15 @@ class Gemma3Layer(nn.Module):
 class Gemma3ForCausalLM(DecoderLM):
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype):
         super().__init__(cfg)
-        w = {k: (v.to(dtype) if "norm" not in k else v.float()) for k, v in weights.items()}
+        # Each module casts the tensors it keeps (RMSNorm holds its weights in float32): no
+        # converted copy of the whole dict.
+        w = weights
         max_pos = cfg.max_position
         d_full, d_swa = cfg.kv_shape("full")[1], cfg.kv_shape("swa")[1]
         self.rope = nn.ModuleDict({
             "full": Rotary(d_full, cfg.rope_theta, max_pos, cfg.rope_scaling_factor, dtype),
             "swa": Rotary(d_swa, cfg.rope_local_theta, max_pos, dtype=dtype)})
-        self.embed = nn.Parameter(w["model.embed_tokens.weight"], requires_grad=False)
+        self.embed = nn.Parameter(w["model.embed_tokens.weight"].to(dtype), requires_grad=False)
         # HF casts the scale to the weight dtype before multiplying; do the same.
         self.embed_scale = torch.tensor(cfg.hidden_size ** 0.5).to(dtype)
         self.layers = nn.ModuleList(Gemma3Layer(cfg, i, w, dtype) for i in range(cfg.num_layers))

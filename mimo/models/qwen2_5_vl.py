@@ -31,11 +31,12 @@ class Qwen2_5_VLForConditionalGeneration(DecoderLM):
         super().__init__(cfg)
         if cfg.swa_layers:
             raise ValueError("the qwen2_5_vl model has full-attention layers only")
-        w = {k: v.to(dtype) for k, v in weights.items() if not k.startswith("visual.")}
+        # Each module casts the tensors it keeps: no converted copy of the whole dict.
+        w = weights
         section = cfg.mrope_section or (cfg.head_dim // 2,)
         self.rope = nn.ModuleDict({"full": MRotary(cfg.head_dim, cfg.rope_theta, cfg.max_position,
                                                    section, dtype)})
-        self.embed = nn.Parameter(w["model.embed_tokens.weight"], requires_grad=False)
+        self.embed = nn.Parameter(w["model.embed_tokens.weight"].to(dtype), requires_grad=False)
         self.layers = nn.ModuleList(PreNormLayer.load(cfg, i, w, dtype) for i in range(cfg.num_layers))
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, w["model.norm.weight"], dtype)
         self.lm_head = self._head(w, dtype)
