@@ -15,7 +15,6 @@ import dataclasses
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, ModelConfig
@@ -82,7 +81,7 @@ class MiMoV2FlashForCausalLM(DecoderLM):
         the shared `lm_head`, and the `hidden_prev` of layer k + 1."""
         if not 0 <= k < len(self.mtp):
             raise IndexError(f"MTP layer {k} of {len(self.mtp)}")
-        emb = F.embedding(input_ids, self.embed)
+        emb = self.embed_tokens(input_ids)
         rope = self.rope["swa"].tables(positions)
         k_cache, v_cache = ctx.kv[self.cfg.num_layers + k]
         x = self.mtp[k](emb, hidden_prev, rope, k_cache, v_cache, ctx.batches["swa"], ctx.backend)
