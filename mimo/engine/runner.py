@@ -69,12 +69,13 @@ class ModelRunner:
                     if r.numel():
                         mm_rows.append(r + row)
                         mm_embs.append(e)
+            kv = c.seq.running_kv
             if c.draft:
                 # Verify rows attend exactly as decode rows would (batched with the other
                 # decodes, same kernel), so accepted tokens match plain decoding.
-                spans.extend((row + i, c.start + i, 1, c.seq.running_kv) for i in range(c.n))
+                spans.extend((row + i, c.start + i, 1, kv) for i in range(c.n))
             else:
-                spans.append((row, c.start, c.n, c.seq.running_kv))
+                spans.append((row, c.start, c.n, kv))
             # (a window rebuild: SWA keys start at swa_floor; full KV below full_cached_to
             # is the prefix cache's, read and never written)
             row += c.n
