@@ -61,6 +61,30 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "clamped to the model's MTP layer count)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu")
+    t = p.add_argument_group("KV tiers (below the device pools)")
+    t.add_argument("--host-kv-cache-memory", default="0", metavar="SIZE",
+                   help="host-memory KV tier (L2): pages the device pools evict go here, "
+                        "SWA-only evictions included (e.g. 8GiB; default 0: none)")
+    t.add_argument("--kv-storage", default=None, metavar="URL",
+                   help="shared storage KV tier (L3): file:DIR, redis://HOST:PORT[/DB] or "
+                        "redis-cluster://HOST:PORT[,HOST:PORT...]; prefixes are written when "
+                        "their prefill completes and read back by any process serving the "
+                        "same model (default: none)")
+    t.add_argument("--kv-disk-cap", default=None, metavar="SIZE",
+                   help="byte cap of a file: store; least recently used entries go first "
+                        "(default: no cap)")
+    t.add_argument("--kv-storage-timeout", type=float, default=2.0, metavar="SECONDS",
+                   help="deadline of one storage lookup or write batch; past it a lookup is "
+                        "a miss and the request recomputes (default 2)")
+    t.add_argument("--kv-keepalive", type=float, default=30.0, metavar="SECONDS",
+                   help="refresh the storage keys of a prefix that hits in L1/L2 at most this "
+                        "often, so a store with its own LRU keeps hot prefixes (0: off)")
+    t.add_argument("--kv-storage-write", default="through", choices=["through", "off"],
+                   help="through: write prefixes to storage when their prefill completes; "
+                        "off: read only")
+    t.add_argument("--kv-write-queue", type=int, default=64, metavar="N",
+                   help="write batches waiting for storage; beyond it writes are dropped and "
+                        "counted (default 64)")
 
 
 def _buckets(text: str | None) -> tuple[int, ...] | None:
@@ -82,7 +106,11 @@ def engine_opts(a: argparse.Namespace) -> dict:
                 num_threads=a.threads, device=a.device, policy=a.policy,
                 aging_per_second=a.aging_per_second, admission=a.admission,
                 length_buckets=_buckets(a.length_buckets),
-                speculative=a.speculative, num_draft_tokens=a.num_draft_tokens)
+                speculative=a.speculative, num_draft_tokens=a.num_draft_tokens,
+                host_kv_cache_memory=a.host_kv_cache_memory, kv_storage=a.kv_storage,
+                kv_disk_cap=a.kv_disk_cap, kv_storage_timeout=a.kv_storage_timeout,
+                kv_keepalive=a.kv_keepalive, kv_storage_write=a.kv_storage_write,
+                kv_write_queue=a.kv_write_queue)
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:

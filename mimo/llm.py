@@ -18,6 +18,7 @@ from .config import (
     RuntimeConfig,
     SchedulerConfig,
     SpecConfig,
+    TierConfig,
     parse_size,
 )
 from .engine.engine import LLMEngine, RequestError
@@ -40,12 +41,14 @@ class GenerationOutput:
 
 def engine_config(model: str, **opts: Any) -> EngineConfig:
     """Flat keyword options -> the layered EngineConfig; unknown names are rejected."""
-    groups = {CacheConfig: {}, SchedulerConfig: {}, RuntimeConfig: {}, SpecConfig: {}}
+    groups = {CacheConfig: {}, SchedulerConfig: {}, RuntimeConfig: {}, SpecConfig: {},
+              TierConfig: {}}
     top = {}
     for k, v in opts.items():
         for cls, bucket in groups.items():
             if k in {f.name for f in fields(cls)}:
-                bucket[k] = parse_size(v) if k == "kv_cache_memory" else v
+                sized = k in ("kv_cache_memory", "host_kv_cache_memory", "kv_disk_cap")
+                bucket[k] = parse_size(v) if sized and v is not None else v
                 break
         else:
             if k in ("max_model_len", "seed"):
@@ -55,7 +58,8 @@ def engine_config(model: str, **opts: Any) -> EngineConfig:
     return EngineConfig(model=model, cache=CacheConfig(**groups[CacheConfig]),
                         scheduler=SchedulerConfig(**groups[SchedulerConfig]),
                         runtime=RuntimeConfig(**groups[RuntimeConfig]),
-                        spec=SpecConfig(**groups[SpecConfig]), **top)
+                        spec=SpecConfig(**groups[SpecConfig]),
+                        tiers=TierConfig(**groups[TierConfig]), **top)
 
 
 class LLM:
