@@ -18,7 +18,33 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from ..gpu.sampling import sample
+from ..gpu.sampling import sample_seqs
+from .sequence import TokenLogprob
+
+
+def grammar_masks(seqs: list) -> list:
+    """Each request's grammar mask for its next token (None without a constraint); makes a
+    request's matcher on first use."""
+    out = []
+    for s in seqs:
+        c = s.params.constraint
+        if c is None:
+            out.append(None)
+            continue
+        if s.matcher is None:
+            s.matcher = c.matcher()
+            s.matcher.consume(s.output_ids)     # (empty, unless a caller pre-filled output)
+        out.append(s.matcher.allowed())
+    return out
+
+
+def record(seq, emitted: list[int], logprobs: list | None) -> None:
+    """What a request keeps of a step besides its tokens: their logprobs (one tuple per
+    emitted token, from `token_logprob`) and its grammar's advance."""
+    if seq.params.logprobs is not None and logprobs is not None:
+        seq.logprobs.extend(TokenLogprob(*lp) for lp in logprobs[:len(emitted)])
+    if seq.matcher is not None and emitted:
+        seq.matcher.consume(emitted)
 
 
 class DecodeStep(ABC):
@@ -48,11 +74,21 @@ class DecodeStep(ABC):
 
 class PlainDecode(DecodeStep):
     """One token per sampled chunk: greedy (exact argmax) or sampled with the request's
-    temperature / top-p / top-k and generator."""
+    temperature / top-p / top-k and generator, after its logit processors (grammar,
+    logit_bias, min_tokens, penalties); its logprobs recorded when asked."""
 
     def execute(self, runner, head, chunks: list) -> list[list[int]]:
         sampled = [c for c in chunks if c.sample]
         hidden = runner.execute(chunks)
-        tokens = sample(head, hidden, [c.seq.params for c in sampled],
-                        [c.seq.generator for c in sampled])
+        seqs = [c.seq for c in sampled]
+        tokens, lps = sample_seqs(head, hidden, seqs, grammar_masks(seqs))
+        self._pending = {id(c): lp for c, lp in zip(sampled, lps) if lp is not None}
         return [[t] for t in tokens]
+
+    def settle(self, chunk, emitted: list[int]) -> int | None:
+        lp = getattr(self, "_pending", {}).pop(id(chunk), None)
+        record(chunk.seq, emitted, None if lp is None else [lp])
+        return None
+
+    def finished(self, seq) -> None:
+        seq.matcher = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..kvcache.seq_kv import SeqKV
 from .sampling_params import SamplingParams
@@ -16,6 +16,14 @@ if TYPE_CHECKING:
 
 
 NO_CACHE = object()     # a Sequence.cache_namespace: keep this request out of the prefix cache
+
+
+class TokenLogprob(NamedTuple):
+    """One generated token's log-probability under the target model's raw distribution and
+    the top alternatives at its position (most likely first; `SamplingParams.logprobs` many)."""
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]
 
 
 class Status(enum.Enum):
@@ -68,6 +76,12 @@ class Sequence:
     # None for text, which then runs exactly as before.
     mm: MMPrompt | None = None
     spec_stats: object = None      # mimo.spec.SpecStats once speculative decoding ran for it
+    # One entry per output token when params.logprobs is set: the decode step appends it
+    # before the engine reports the token, so a reader holding the token's index finds it.
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The grammar matcher of params.constraint (the decode step makes it on first use); its
+    # state always equals output_ids consumed.
+    matcher: Any = None
 
     @property
     def running_kv(self) -> SeqKV:

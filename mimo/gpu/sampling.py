@@ -1,15 +1,58 @@
-"""Token sampling from a batch of logits, each row with its own settings."""
+"""Token sampling from a batch of logits, each row with its own settings.
+
+`process_logits` applies a request's logit processors (grammar mask, logit_bias, min_tokens,
+penalties; order and definitions in SamplingParams) to one row; `filtered_probs` turns a row
+into the distribution sampled from. Speculative verification calls the same two functions
+per draft position, so its target distribution is exactly plain decoding's.
+"""
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
 
-def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int
-                   ) -> torch.Tensor:
+def process_logits(logits: torch.Tensor, params, prompt_ids: Sequence[int],
+                   prior: Sequence[int], eos_ids: frozenset[int] | set[int],
+                   allowed: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [V] float32 -> processed copy. `prior`: the output tokens before this
+    position (penalty counts, min_tokens); `allowed`: bool [V] of grammar-allowed tokens."""
+    x = logits.clone()
+    V = x.numel()
+    if allowed is not None:
+        x = x.masked_fill(~allowed[:V], float("-inf"))
+    if params.logit_bias:
+        ids = torch.tensor([t for t in params.logit_bias if t < V], dtype=torch.int64)
+        if ids.numel():
+            x[ids] += torch.tensor([params.logit_bias[int(t)] for t in ids], dtype=x.dtype)
+    if len(prior) < params.min_tokens:
+        ban = [t for t in (set(eos_ids) | set(params.stop_token_ids)) if t < V]
+        if ban:
+            x[torch.tensor(ban, dtype=torch.int64)] = float("-inf")
+    if params.repetition_penalty != 1.0:
+        seen = torch.unique(torch.tensor(list(prompt_ids) + list(prior), dtype=torch.int64))
+        seen = seen[seen < V]
+        v = x[seen]
+        r = params.repetition_penalty
+        x[seen] = torch.where(v > 0, v / r, v * r)
+    if prior and (params.frequency_penalty or params.presence_penalty):
+        ids, counts = torch.unique(torch.tensor(list(prior), dtype=torch.int64),
+                                   return_counts=True)
+        keep = ids < V
+        ids, counts = ids[keep], counts[keep].to(x.dtype)
+        x[ids] -= counts * params.frequency_penalty + params.presence_penalty
+    return x
+
+
+def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
+                   min_p: float = 0.0) -> torch.Tensor:
     """The distribution a request samples from: softmax of logits [V] (float32) after
-    temperature, top-k and top-p. temperature must be > 0. Speculative decoding's rejection
-    sampling uses the same function, so its target distribution is exactly this one."""
+    temperature, min-p, top-k and top-p. temperature must be > 0. Speculative decoding's
+    rejection sampling uses the same function, so its target distribution is exactly this one."""
     x = logits / temperature
+    if min_p > 0:
+        p = torch.softmax(x, dim=-1)
+        x = x.masked_fill(p < min_p * p.max(), float("-inf"))
     if top_k and top_k > 0 and top_k < x.numel():
         kth = torch.topk(x, top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -24,17 +67,30 @@ def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float, top_k
 
 
 def sample_row(logits: torch.Tensor, temperature: float, top_p: float, top_k: int,
-               generator: torch.Generator | None) -> int:
+               generator: torch.Generator | None, min_p: float = 0.0) -> int:
     """logits: [V] float32. temperature 0 is greedy (argmax, first index on ties)."""
     if temperature == 0:
         return int(torch.argmax(logits))
-    probs = filtered_probs(logits, temperature, top_p, top_k)
+    probs = filtered_probs(logits, temperature, top_p, top_k, min_p)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def token_logprob(logits: torch.Tensor, token: int, top: int
+                  ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
+    """(token, its log-probability, the `top` most likely (id, log-probability)) under the
+    raw distribution softmax(logits [V] float32)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    alts: tuple[tuple[int, float], ...] = ()
+    if top:
+        v, i = torch.topk(lp, top)
+        alts = tuple(zip(i.tolist(), v.tolist()))
+    return token, float(lp[token]), alts
+
+
 def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[int]:
-    """One token per row of `hidden`. `head` has `logits(h)` (float32) and `greedy(h)` (the
-    argmax token ids, possibly without materialising every logit)."""
+    """One token per row of `hidden`, with temperature / top-p / top-k only (no processors).
+    `head` has `logits(h)` (float32) and `greedy(h)` (the argmax token ids, possibly without
+    materialising every logit)."""
     greedy = [i for i, p in enumerate(params) if p.temperature == 0]
     out: list[int] = [0] * len(params)
     if greedy:
@@ -47,5 +103,34 @@ def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[i
         logits = head.logits(hidden[torch.tensor(rest)])
         for j, i in enumerate(rest):
             p = params[i]
-            out[i] = sample_row(logits[j], p.temperature, p.top_p, p.top_k, generators[i])
+            out[i] = sample_row(logits[j], p.temperature, p.top_p, p.top_k, generators[i],
+                                p.min_p)
     return out
+
+
+def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
+                ) -> tuple[list[int], list]:
+    """One token per row of `hidden` for each request in `seqs` (its params, prompt, output
+    so far, generator), with every logit processor; `allowed[i]`: its grammar mask or None.
+    Returns the tokens and, per request, its token_logprob tuple or None."""
+    plain = [i for i, s in enumerate(seqs) if not s.params.needs_logits]
+    tokens: list[int] = [0] * len(seqs)
+    lps: list = [None] * len(seqs)
+    if plain:
+        h = hidden if len(plain) == len(seqs) else hidden[torch.tensor(plain)]
+        for i, t in zip(plain, sample(head, h, [seqs[i].params for i in plain],
+                                      [seqs[i].generator for i in plain])):
+            tokens[i] = t
+    rest = [i for i, s in enumerate(seqs) if s.params.needs_logits]
+    if rest:
+        logits = head.logits(hidden[torch.tensor(rest)])
+        for j, i in enumerate(rest):
+            s = seqs[i]
+            p = s.params
+            x = logits[j]
+            if p.processes_logits or allowed[i] is not None:
+                x = process_logits(x, p, s.prompt_ids, s.output_ids, s.eos_ids, allowed[i])
+            tokens[i] = sample_row(x, p.temperature, p.top_p, p.top_k, s.generator, p.min_p)
+            if p.logprobs is not None:
+                lps[i] = token_logprob(logits[j], tokens[i], p.logprobs)
+    return tokens, lps
