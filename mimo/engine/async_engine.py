@@ -77,6 +77,8 @@ class AsyncEngine:
         self._wake.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        # Queued storage writes land before the process goes (a restarted server finds them).
+        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
     # ---- event-loop side ----------------------------------------------------------------
     def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> RequestStream:

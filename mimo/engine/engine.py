@@ -18,6 +18,7 @@ from .runner import ModelRunner
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence, Status
+from .tier_loader import TierLoader
 
 log = logging.getLogger("mimo.engine")
 
@@ -73,6 +74,9 @@ class LLMEngine:
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
         parts = parts or EngineParts()
         self.cache = parts.build_prefix_cache(cc, self.pool)
+        self.loader: TierLoader | None = None
+        if config.tiers.enabled:
+            self._add_tiers(config, loaded)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device)
         self.decode = parts.build_decode(config, mc, self.model, self.runner)
@@ -86,6 +90,32 @@ class LLMEngine:
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(
             getattr(self.tokenizer, "eos_token_ids", ()) or ())
         self.load_seconds = time.perf_counter() - t0
+
+    def _add_tiers(self, config: EngineConfig, loaded) -> None:
+        """Put host memory and storage tiers under the L1 radix cache (kvcache/tiers/)."""
+        from ..kvcache.radix_cache import RadixPrefixCache
+        from ..kvcache.tiers.build import build_tiers, weights_identity
+        from ..kvcache.tiers.keys import model_fingerprint
+        if not isinstance(self.cache, RadixPrefixCache):
+            raise ConfigError("KV tiers (host_kv_cache_memory, kv_storage) need the radix "
+                              "prefix cache (prefix_cache=True)")
+        mc = self.model_config
+        fp = model_fingerprint(mc.arch, weights_identity(loaded.weights.items()),
+                               self.pool.layout, self.pool.page_size, config.runtime.dtype)
+        self.cache = build_tiers(config.tiers, self.cache, fp)
+        if self.cache.storage is not None:
+            self.loader = TierLoader(self.cache)
+
+    def close(self) -> None:
+        """Finish queued storage writes and stop the storage thread (idempotent)."""
+        close = getattr(self.cache, "close", None)
+        if close is not None:
+            close()
+
+    def flush_tiers(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued storage write was attempted."""
+        storage = getattr(self.cache, "storage", None)
+        return storage.flush(timeout) if storage is not None else True
 
     # ---- requests -------------------------------------------------------------------
     def new_sequence(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
@@ -123,21 +153,25 @@ class LLMEngine:
 
     def add_request(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
         seq = self.new_sequence(prompt_ids, params, mm)
-        self.scheduler.add(seq)
+        self.enqueue(seq)
         return seq
 
     def enqueue(self, seq: Sequence) -> None:
-        """Queue a Sequence made by `new_sequence` (engine thread only)."""
-        self.scheduler.add(seq)
+        """Queue a Sequence made by `new_sequence` (engine thread only). With a storage tier
+        it may first wait outside the queue while its prefix is fetched (`TierLoader`)."""
+        if self.loader is None or not self.loader.start(seq):
+            self.scheduler.add(seq)
 
     def abort(self, seq: Sequence) -> None:
+        if self.loader is not None:
+            self.loader.abort(seq)
         if seq.status is not Status.FINISHED:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
             self.decode.finished(seq)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.loader)
 
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, int]]:
@@ -158,6 +192,11 @@ class LLMEngine:
 
     def _step(self) -> list[tuple[Sequence, int]]:
         dec, sched = self.decode, self.scheduler
+        if self.loader:
+            if not sched.has_work():
+                self.loader.wait(0.01)      # only storage lookups pending: do not spin
+            for seq in self.loader.ready():
+                sched.add(seq)
         sched.touched = list(sched.running)     # the drafter reads every running request
         chunks = sched.schedule(dec.propose(sched.running))
         if not chunks:

@@ -158,6 +158,8 @@ class EvictMixin(TreeCore):
 
     def _evict_swa(self, node) -> int:
         idx = self._freeable(node)
+        if self.on_evict is not None and idx:
+            self.on_evict(node, [], idx)
         pages = [node.swa[i] for i in idx]
         if self.unmap is not None:
             self.unmap([node.full[i] for i in idx])
@@ -194,6 +196,9 @@ class EvictMixin(TreeCore):
     def _drop(self, node) -> tuple[int, int]:
         """Unlink an unlocked leaf and free all its pages."""
         assert node.lock_ref == 0 and not node.children and not node.swa_lock
+        if self.on_evict is not None:
+            self.on_evict(node, list(range(len(node.full))),
+                          [i for i, s in enumerate(node.swa or ()) if s >= 0])
         del node.parent.children[tuple(node.tokens[:self.P])]
         node.alive = False
         self._own_f[node.full] = False

@@ -26,7 +26,7 @@ SPECULATIVE = 1 << 40   # SWA-time handicap: dense-grid windows, superseded cach
 
 class Node:
     __slots__ = ("parent", "children", "tokens", "full", "swa", "swa_lock", "start",
-                 "lock_ref", "time", "swa_time", "alive")
+                 "lock_ref", "time", "swa_time", "alive", "keys")
 
     def __init__(self, parent, tokens, full, swa, start, now):
         self.parent: Node | None = parent
@@ -40,6 +40,10 @@ class Node:
         self.time = now                      # node LRU: last use as (part of) a prefix
         self.swa_time = now                  # SWA LRU: last match ending here, or write
         self.alive = True
+        # The tiers' page keys of this node's pages (tiers/keys.py), filled in when a tier
+        # first needs them. A key names the whole prefix up to its page, which never
+        # changes for a node's pages (a split hands the first ones to the new prefix node).
+        self.keys: list[bytes] | None = None
 
     @property
     def end(self) -> int:
@@ -95,6 +99,7 @@ class TreeCore:
     _swa_heap: list[tuple[int, int, Node]]
     _heap_cap: int
     counters: dict[str, int]
+    on_evict: Callable[[Node, list[int], list[int]], None] | None
 
     @property
     def _swa_pool(self) -> PageAllocator:
@@ -187,6 +192,8 @@ class TreeCore:
         pre.lock_ref, pre.swa_time = node.lock_ref, node.swa_time
         pre.swa_lock = {i: c for i, c in node.swa_lock.items() if i < k}
         node.swa_lock = {i - k: c for i, c in node.swa_lock.items() if i >= k}
+        if node.keys is not None:
+            pre.keys, node.keys = node.keys[:k], node.keys[k:]
         node.tokens, node.full = node.tokens[k * P:], node.full[k:]
         if node.swa is not None:
             node.swa = node.swa[k:]

@@ -78,6 +78,9 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
         self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
         self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
         self._heap_cap = 65536                  # compact a heap that grows past this
+        # Called with (node, local full pages, local SWA pages) just before eviction frees
+        # them, while their KV is still intact: a lower tier copies them down (write-back).
+        self.on_evict: Callable[[Node, list[int], list[int]], None] | None = None
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0,
                              cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
@@ -193,6 +196,34 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
         if self.hybrid:
             q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
         return path, m, q
+
+    def path_pages(self, tokens, namespace: Hashable = None) -> tuple[list[int], list[int]]:
+        """(full pages, SWA pages) along the cached path equal to `tokens` (whole pages), SWA
+        entries < 0 where tombstoned (NO_SWA / EVICTED_SWA; full-kv mode: all NO_SWA).
+        Read-only: no split, no touch, no count. The pages stay the tree's."""
+        root = self._root(namespace)
+        if self.mode == "off" or root is None:
+            return [], []
+        toks = self._tok(tokens)
+        path, _ = self._walk(root, toks, len(toks) // self.P)
+        full = [p for n, k in path for p in n.full[:k]]
+        swa = ([s for n, k in path for s in n.swa[:k]] if self.hybrid else [NO_SWA] * len(full))
+        return full, swa
+
+    def path_nodes(self, tokens, namespace: Hashable = None) -> list[tuple[Node, int]]:
+        """(node, pages of it on the path) along the cached path equal to `tokens`."""
+        root = self._root(namespace)
+        if self.mode == "off" or root is None:
+            return []
+        toks = self._tok(tokens)
+        return self._walk(root, toks, len(toks) // self.P)[0]
+
+    def namespace_of(self, root: Node) -> Hashable:
+        """The namespace a root node stands for."""
+        for ns, r in self._roots.items():
+            if r is root:
+                return ns
+        raise KeyError("not a root of this tree")
 
     def lock(self, node: Node | None, window: bool = True) -> None:
         """Keep the full KV of root..node and the SWA window before node.end (the pages a

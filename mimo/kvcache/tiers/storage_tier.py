@@ -1,0 +1,205 @@
+"""StorageTier: the L3 backend driven from its own I/O thread, never from the engine's.
+
+The engine thread hands over work and never waits on storage:
+- writes (`write`): page rows snapshotted from L1, serialized and stored off-thread through
+  a bounded queue; a full queue drops the batch and counts it;
+- lookups (`fetch`): a concurrent Future resolved with the payloads a request's hit needs;
+  the engine polls it between steps while the request waits outside the running batch;
+- keep-alive touches (`touch`), fire and forget.
+Every storage call has the tier's deadline; a backend answers misses rather than raising
+(mimo/kvcache/tiers/storage.py), and anything that still raises here is counted and
+treated as a miss. Stats are plain integers written by the I/O thread, read for /metrics.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .hit_plan import best_hit, window_of
+from .keys import FULL, SWA, KeyChain
+from .page_io import PageIO
+
+if TYPE_CHECKING:
+    import torch
+
+    from .storage import KVStorage
+
+log = logging.getLogger("mimo.kvcache.tiers")
+
+# Load-latency histogram bucket bounds (seconds), for /metrics.
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass
+class FetchPlan:
+    """What a waiting request could use from L3: its page keys and which pages the tiers
+    above already hold (a snapshot taken on the engine thread)."""
+    keys: list[bytes]
+    local_full: list[bool]
+    local_swa: list[bool] | None      # None: no SWA pool
+    floor: int                        # pages the tiers above already serve
+
+
+@dataclass
+class FetchResult:
+    pages: int = 0                    # the hit the payloads complete (0: nothing useful)
+    payloads: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+@dataclass
+class WriteStats:
+    batches: int = 0
+    pages: int = 0
+    dropped: int = 0          # pages whose write was dropped (queue full, backend refused)
+    failed: int = 0           # pages the backend did not store
+    fetches: int = 0
+    fetch_timeouts: int = 0
+    fetch_errors: int = 0
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    latency_sum: float = 0.0
+
+
+class StorageTier:
+    def __init__(self, storage: KVStorage, keys: KeyChain, io: dict[str, PageIO], window: int,
+                 timeout: float, queue_size: int):
+        self.storage, self.keys, self.io = storage, keys, io
+        self.W, self.P = window, keys.P
+        self.timeout, self.queue_size = timeout, queue_size
+        self.stats = WriteStats()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="mimo-kv-storage",
+                                        daemon=True)
+        self._thread.start()
+        self._closed = False
+        # Keys the engine learns were not stored after all (write failed): read back on the
+        # engine thread (`failed_keys`), which forgets them as written.
+        self._failed: list[str] = []
+
+    # ---- engine thread ------------------------------------------------------------------
+    def write(self, names: list[str], rows: torch.Tensor, done: Callable | None = None) -> bool:
+        """Store rows[i] under names[i] off-thread. False: the queue was full and the batch
+        was dropped (counted)."""
+        with self._lock:
+            if self._closed or self._pending >= self.queue_size:
+                self.stats.dropped += len(names)
+                return False
+            self._pending += 1
+            self._idle.clear()
+        asyncio.run_coroutine_threadsafe(self._put(names, rows), self._loop)
+        return True
+
+    def fetch(self, plan: FetchPlan) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(self._fetch(plan), self._loop)
+
+    def touch(self, names: list[str]) -> None:
+        if names and not self._closed:
+            asyncio.run_coroutine_threadsafe(self._touch(names), self._loop)
+
+    def failed_keys(self) -> list[str]:
+        with self._lock:
+            out, self._failed = self._failed, []
+        return out
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued write was attempted; True if the queue emptied."""
+        return self._idle.wait(timeout)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if self._closed:
+            return
+        self.flush(timeout)
+        self._closed = True
+        fut = asyncio.run_coroutine_threadsafe(self.storage.aclose(), self._loop)
+        try:
+            fut.result(timeout=5)
+        except Exception as e:  # noqa: BLE001 - closing: nothing left to protect
+            log.warning("closing KV storage: %r", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    # ---- I/O thread ---------------------------------------------------------------------
+    async def _put(self, names: list[str], rows: torch.Tensor) -> None:
+        try:
+            payloads = PageIO.row_bytes_of(rows)
+            ok = await self.storage.put(list(zip(names, payloads)), self.timeout)
+            bad = [n for n, good in zip(names, ok) if not good]
+        except Exception as e:  # noqa: BLE001 - a failed write is a dropped write
+            log.warning("KV storage write failed: %r", e)
+            bad = list(names)
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.pages += len(names) - len(bad)
+            self.stats.failed += len(bad)
+            self._failed.extend(bad)
+            self._pending -= 1
+            if self._pending == 0:
+                self._idle.set()
+
+    async def _touch(self, names: list[str]) -> None:
+        try:
+            await self.storage.touch(names, self.timeout)
+        except Exception as e:  # noqa: BLE001 - keep-alive is best effort
+            log.debug("KV storage touch failed: %r", e)
+
+    async def _fetch(self, plan: FetchPlan) -> FetchResult:
+        t0 = time.perf_counter()
+        self.stats.fetches += 1
+        try:
+            res = await asyncio.wait_for(self._lookup(plan), self.timeout)
+        except asyncio.TimeoutError:
+            self.stats.fetch_timeouts += 1
+            res = FetchResult()
+        except Exception as e:  # noqa: BLE001 - a failed lookup is a miss
+            log.warning("KV storage lookup failed: %r", e)
+            self.stats.fetch_errors += 1
+            res = FetchResult()
+        res.seconds = time.perf_counter() - t0
+        b = next((i for i, ub in enumerate(LATENCY_BUCKETS) if res.seconds <= ub),
+                 len(LATENCY_BUCKETS))
+        self.stats.latency_counts[b] += 1
+        self.stats.latency_sum += res.seconds
+        return res
+
+    async def _lookup(self, plan: FetchPlan) -> FetchResult:
+        keys, n_all = plan.keys, len(plan.keys)
+        name = self.keys.name
+        ask = [(FULL, i) for i in range(n_all) if not plan.local_full[i]]
+        if plan.local_swa is not None:
+            ask += [(SWA, i) for i in range(n_all) if not plan.local_swa[i]]
+        if not ask:
+            return FetchResult()
+        found = await self.storage.exists([name(k, keys[i]) for k, i in ask], self.timeout)
+        have = {ki for ki, ok in zip(ask, found) if ok}
+        got: dict[tuple[str, bytes], bytes] = {}
+        for _ in range(2):      # again if entries vanished between exists and get
+            full_ok = [plan.local_full[i] or (FULL, i) in have for i in range(n_all)]
+            swa_ok = (None if plan.local_swa is None else
+                      [plan.local_swa[i] or (SWA, i) in have for i in range(n_all)])
+            n = best_hit(full_ok, swa_ok, self.W, self.P, plan.floor)
+            if n <= plan.floor:
+                return FetchResult()
+            want = [(FULL, i) for i in range(n) if not plan.local_full[i]]
+            if plan.local_swa is not None:
+                want += [(SWA, i) for i in window_of(n, self.W, self.P)
+                         if not plan.local_swa[i]]
+            want = [w for w in want if (w[0], keys[w[1]]) not in got]
+            blobs = await self.storage.get([name(k, keys[i]) for k, i in want], self.timeout)
+            for (k, i), blob in zip(want, blobs):
+                if blob is not None and len(blob) == self.io[k].row_bytes:
+                    got[(k, keys[i])] = blob
+                else:
+                    have.discard((k, i))
+            if all((k, keys[i]) in got for k, i in want):
+                return FetchResult(n, got)
+        return FetchResult()
