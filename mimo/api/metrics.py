@@ -76,6 +76,9 @@ class Metrics:
         """Export a prefix cache's running totals (`PrefixCache.counters`), read at scrape
         time: window cuts by cause, evicted and revived pages."""
         self.registry.register(_PrefixCacheCollector(cache))
+        if hasattr(cache, "storage") and hasattr(cache, "host"):    # a TieredPrefixCache
+            from .tier_metrics import TierCollector
+            self.registry.register(TierCollector(cache))
 
     def watch_engine(self, engine) -> None:
         """Export the engine's running totals, read at scrape time: preemptions and steps
