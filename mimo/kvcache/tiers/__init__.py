@@ -1,0 +1,1 @@
+"""Lower KV tiers: host memory (L2) and storage backends (L3)."""

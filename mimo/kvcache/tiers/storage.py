@@ -1,0 +1,147 @@
+"""L3 storage: the backend interface, its counters, and `open_storage(url)`.
+
+Backends: a local directory (`file:DIR`), one Redis (`redis://HOST:PORT[/DB]`, `rediss://`
+for TLS, a password as `redis://:PASSWORD@HOST:PORT`), a Redis Cluster
+(`redis-cluster://HOST:PORT[,HOST:PORT...]`). Each stores opaque byte values under str keys,
+wrapped in a checked header (entry.py), and answers every fault as a miss or a dropped write.
+
+Redis settings for a KV cache:
+- `maxmemory`: the bytes of KV you want to keep, plus about 10% for Redis's own per-key
+  overhead. Without it Redis grows until the machine swaps or the OOM killer ends it.
+- `maxmemory-policy allkeys-lru`: Redis then evicts the least recently used entries, and the
+  engine's keep-alive touches (TOUCH on the L3 keys of prefixes hit in L1/L2) decide what
+  stays. With `noeviction` a full Redis refuses writes (counted as dropped, cause "full") and
+  keeps its old entries forever. Redis's LRU clock ticks once a second and samples keys
+  (`maxmemory-samples 10` makes it closer to true LRU at little cost).
+- Persistence: for a pure cache, off (`save ""`, `appendonly no`): nothing is written to disk
+  and a restart starts empty. Turn it on (RDB `save 300 1` or `appendonly yes`) if the cache
+  should survive a Redis restart; entries are checked on every read either way.
+- Redis Cluster: `cluster-require-full-coverage no`, so that when one master dies the others
+  keep serving their slots (with the default `yes` the whole cluster refuses every key once the
+  failure is detected, and every lookup misses until the master is back).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+CAUSES = ("timeout", "unavailable", "corrupt", "full", "error")   # miss / drop causes
+
+
+def _zero_causes() -> dict[str, int]:
+    return {c: 0 for c in CAUSES}
+
+
+@dataclass
+class StorageStats:
+    """Running totals. The I/O thread writes them, /metrics reads them from another thread:
+    plain ints, each written by one thread only, so no lock is needed."""
+    gets: int = 0           # keys asked for
+    hits: int = 0
+    misses: int = 0         # absent entries plus failed ones (those also count in `errors`)
+    puts: int = 0           # keys offered
+    stored: int = 0
+    dropped: int = 0        # writes that failed or were refused (cap, full, down, deadline)
+    bytes_read: int = 0     # payload bytes returned by hits (headers excluded)
+    bytes_written: int = 0  # payload bytes stored
+    touches: int = 0
+    deleted_corrupt: int = 0
+    errors: dict[str, int] = field(default_factory=_zero_causes)   # per key, by cause
+
+
+class StorageIntegrityError(AssertionError):
+    """A backend's bookkeeping disagrees with what it stores (check_integrity)."""
+
+
+class KVStorage(ABC):
+    """L3 backend: opaque str keys -> bytes values, shared across processes. Every method is a
+    coroutine run on ONE asyncio loop (the tier's I/O thread); a client is created lazily on first
+    use inside that loop. Never raises for I/O problems: a failed get is a miss (None), a failed
+    put is a dropped write (False), both counted by cause in `stats.errors`. Programming errors
+    (bad arguments) may raise.
+
+    `timeout` is the deadline of the whole batch, in seconds: keys not answered by then are
+    misses (or dropped writes) counted as "timeout". The methods are safe to cancel."""
+
+    scheme: str
+    stats: StorageStats
+
+    @abstractmethod
+    async def get(self, keys: Sequence[str], timeout: float) -> list[bytes | None]: ...
+
+    @abstractmethod
+    async def put(self, items: Sequence[tuple[str, bytes]], timeout: float) -> list[bool]: ...
+
+    @abstractmethod
+    async def exists(self, keys: Sequence[str], timeout: float) -> list[bool]: ...
+
+    @abstractmethod
+    async def touch(self, keys: Sequence[str], timeout: float) -> None:
+        """Refresh the entries' LRU age (keep-alive); absent keys are ignored."""
+
+    @abstractmethod
+    async def delete(self, keys: Sequence[str], timeout: float) -> None: ...
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+    @abstractmethod
+    def check_integrity(self) -> None:
+        """Cheap self-check of the backend's own bookkeeping; raises StorageIntegrityError."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the entries live, e.g. "redis://127.0.0.1:6379/0" (never a password)."""
+
+    # ---- counting, shared by the backends (called on the I/O loop only) ----------------
+    def _count_errors(self, causes: Sequence[str | None]) -> None:
+        for c in causes:
+            if c is not None:
+                self.stats.errors[c] += 1
+
+    def _count_get(self, values: Sequence[bytes | None], causes: Sequence[str | None]) -> None:
+        s = self.stats
+        s.gets += len(values)
+        for v in values:
+            if v is None:
+                s.misses += 1
+            else:
+                s.hits += 1
+                s.bytes_read += len(v)
+        self._count_errors(causes)
+
+    def _count_put(self, items: Sequence[tuple[str, bytes]], ok: Sequence[bool],
+                   causes: Sequence[str | None]) -> None:
+        s = self.stats
+        s.puts += len(items)
+        for (_, payload), good in zip(items, ok):
+            if good:
+                s.stored += 1
+                s.bytes_written += len(payload)
+            else:
+                s.dropped += 1
+        self._count_errors(causes)
+
+
+ACCEPTED = ("file:DIR (or file://DIR)", "redis://HOST:PORT[/DB] (rediss:// for TLS)",
+            "redis-cluster://HOST:PORT[,HOST:PORT...]")
+
+
+def open_storage(url: str, *, disk_cap: int | None = None, min_age: float = 1.0) -> KVStorage:
+    """The backend named by `url`. `disk_cap` (bytes, None = no cap) and `min_age` (seconds an
+    entry is safe from eviction after its last use) apply to the file store; Redis has its own
+    cap (`maxmemory`). Nothing is connected or read here: that happens on first use."""
+    if url.startswith("file:"):
+        from .file_store import FileStore
+        path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+        if not path:
+            raise ValueError(f"KV storage URL {url!r} names no directory")
+        return FileStore(path, disk_cap=disk_cap, min_age=min_age)
+    if url.startswith(("redis://", "rediss://")):
+        from .redis_store import RedisStore
+        return RedisStore(url)
+    if url.startswith("redis-cluster://"):
+        from .redis_cluster_store import RedisClusterStore
+        return RedisClusterStore(url)
+    raise ValueError(f"unknown KV storage URL {url!r}; accepted: {', '.join(ACCEPTED)}")
