@@ -410,8 +410,13 @@ class ServerConfig:
     # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
     # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
     encoder_workers: int = 1
+    # ---- API (issue 19)
+    body_read_timeout: float = 30.0          # seconds to receive a whole body (else 408)
+    metrics_public: bool = False             # /metrics without the API key
 
     def __post_init__(self):
+        if not self.body_read_timeout > 0:
+            raise ConfigError("body_read_timeout must be > 0")
         if not 0 <= self.port < 65536:
             raise ConfigError("port must be in [0, 65535]")
         if self.max_body_bytes < 1024:

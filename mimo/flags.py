@@ -152,6 +152,11 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         "and keeping its own --embed-cache-bytes cache, media routed to them "
                         "by consistent hashing of their content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    # ---- API (issue 19)
+    g.add_argument("--body-read-timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a client has to send its whole request body (HTTP 408 after)")
+    g.add_argument("--metrics-public", action="store_true",
+                   help="serve /metrics without the --api-key (default: it needs the key too)")
 
 
 def server_config(a: argparse.Namespace) -> ServerConfig:
@@ -160,4 +165,7 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         served_model_name=a.served_model_name,
                         max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight,
                         max_queued=a.max_queued, embed_cache_bytes=a.embed_cache_bytes,
-                        encoder_workers=a.encoder_workers)
+                        encoder_workers=a.encoder_workers,
+                        # ---- API (issue 19)
+                        body_read_timeout=a.body_read_timeout,
+                        metrics_public=a.metrics_public)
