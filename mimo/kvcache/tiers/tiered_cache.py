@@ -135,7 +135,7 @@ class TieredPrefixCache(PrefixCache):
             fa, sa = self.pool.full.allocator, self.pool.swa.allocator
             if fa.num_free < len(need_f) or (self.hybrid and sa.num_free < len(need_s)):
                 return 0
-            self._load(tokens[:n * P], n, keys, l1f, l1s, need_f, need_s, staged)
+            self._load(tokens[:n * P], namespace, n, keys, l1f, l1s, need_f, need_s, staged)
             return len(need_f)
         finally:
             for kind, slots in pins:
@@ -183,9 +183,10 @@ class TieredPrefixCache(PrefixCache):
                 self._remember(self.keys.name(kind, key))   # L3 has it: no write back
         return out
 
-    def _load(self, tokens, n, keys, l1f, l1s, need_f, need_s, staged) -> None:
+    def _load(self, tokens, namespace, n, keys, l1f, l1s, need_f, need_s, staged) -> None:
         pool = self.pool
         tmp = pool.new_seq()
+        tmp.namespace = namespace
         # The new pages go into `tmp` at once, so whatever fails below frees exactly them
         # (`free_seq` never frees the tree's pages on the path).
         tmp.full_pages = l1f[:min(n, len(l1f))]
