@@ -11,6 +11,7 @@ comes from its `VisionAdapter` (mimo.multimodal.adapter_for).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -40,16 +41,27 @@ class ChatPipeline:
     pipeline: Pipeline
     encode: EncodeStage | None          # None for a text-only model
     embed_cache: EmbedCache | None      # the in-process cache (None with encoder workers)
+    prompt: BuildPrompt                 # the prompt stage (/tokenize runs it alone)
 
     @property
     def multimodal(self) -> bool:
         return self.encode is not None
 
 
-def chat_request(spec: GenerationSpec) -> ChatRequest:
-    """The pipeline's request for a parsed OpenAI body."""
-    return ChatRequest(params=spec.params, messages=spec.messages, text=spec.prompt,
-                       token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media)
+def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = False
+                 ) -> ChatRequest:
+    """The pipeline's request for a parsed OpenAI body: its `sample`-th choice (of n), whose
+    seed, when one is given, is seed + sample (each choice reproducible on its own).
+    `keep_special`: its text keeps special tokens (a tool or reasoning parser reads it)."""
+    params = spec.params
+    if sample and params.seed is not None:
+        params = dataclasses.replace(params, seed=(params.seed + sample) % 2**64)
+    tools = spec.tools
+    active = tools is not None and tools.active
+    return ChatRequest(params=params, messages=spec.messages, text=spec.prompt,
+                       token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media,
+                       tools=tools.template_tools() if active else None,
+                       keep_special=keep_special)
 
 
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
@@ -60,9 +72,9 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
     adapter: VisionAdapter | None = adapter_for(eng.model_config)
     limits = dict(name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
     if adapter is None:
-        stages = [BuildPrompt(eng.tokenizer, eng.model_config.arch), Generate(engine),
-                  Detokenize(eng.tokenizer)]
-        return ChatPipeline(Pipeline(stages, **limits), None, None)
+        prompt = BuildPrompt(eng.tokenizer, eng.model_config.arch)
+        stages = [prompt, Generate(engine), Detokenize(eng.tokenizer, eng.eos_ids)]
+        return ChatPipeline(Pipeline(stages, **limits), None, None, prompt)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
     cache, pool = None, None
     if cfg.encoder_workers == 1:
@@ -74,7 +86,7 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
                            cfg.embed_cache_bytes, threads)
     encode = EncodeStage(adapter.encoder(eng.model), patch_dim=adapter.patch_dim,
                          merge=adapter.merge, cache=cache, pool=pool)
+    prompt = BuildPrompt(eng.tokenizer, eng.model_config.arch, adapter)
     stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, rt.device), encode,
-              BuildPrompt(eng.tokenizer, eng.model_config.arch, adapter), Generate(engine),
-              Detokenize(eng.tokenizer)]
-    return ChatPipeline(Pipeline(stages, **limits), encode, cache)
+              prompt, Generate(engine), Detokenize(eng.tokenizer, eng.eos_ids)]
+    return ChatPipeline(Pipeline(stages, **limits), encode, cache, prompt)

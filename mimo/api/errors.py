@@ -11,6 +11,7 @@ Bodies use OpenAI's error shape: {"error": {"message", "type", "param", "code"}}
 from __future__ import annotations
 
 import logging
+import re
 
 from starlette.responses import JSONResponse
 
@@ -47,12 +48,25 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+_TAG = re.compile(r"^(\[[\w-]+\] )+")
+
+
+def clean(message: str) -> str:
+    """A message fit for a client: no pipeline stage tags, no object reprs (a library's
+    error text may name its own objects: 'cannot identify image file <_io.BytesIO ...>')."""
+    return _REPR.sub("the data", _TAG.sub("", message)).strip() or "invalid request"
+
+
 def _client_fault(e: BaseException) -> APIError:
     if isinstance(e, MediaError):       # bad URL, bytes or size: the client's media
-        return bad_request(str(e), "messages", "invalid_media")
-    if isinstance(e, PipelineError):
-        return bad_request(e.message)
-    return bad_request(str(e))
+        return bad_request(clean(str(e)), "messages", "invalid_media")
+    if isinstance(e, ChatTemplateError):
+        return bad_request(clean(str(e)), "messages", "invalid_messages")
+    if isinstance(e, RequestError):     # the engine refused the prompt as given
+        return bad_request(clean(str(e)), "prompt", "invalid_prompt")
+    msg = e.message if isinstance(e, PipelineError) else str(e)
+    return bad_request(clean(msg), getattr(e, "param", None), getattr(e, "code", None))
 
 
 def _internal(e: BaseException, where: str | None) -> APIError:
@@ -63,6 +77,7 @@ def _internal(e: BaseException, where: str | None) -> APIError:
 
 def to_api_error(e: BaseException) -> APIError:
     if isinstance(e, APIError):
+        e.message = clean(e.message)
         return e
     if isinstance(e, StageError):
         cause = e.cause

@@ -1,28 +1,38 @@
-"""OpenAI request bodies -> validated `GenerationSpec`. Every rejection names the field."""
+"""OpenAI request bodies -> validated `GenerationSpec`. Every field mimo knows is honoured or
+rejected with a 400 naming it (`param`); a field it does not know at all is ignored and
+logged (routers and SDKs add their own). Type and range checks follow OpenAI's reference."""
 from __future__ import annotations
 
-import math
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
 from ..multimodal.item import MediaItem
-from .content import parse_content, valid_unicode
+from ..structured.request import GrammarRequest
+from .content import valid_unicode
 from .errors import APIError, bad_request
+from .fields import boolean, kind_of, obj, string
+from .messages import parse_messages
+from .params import Choices, choices, sampling_params
+from .response_format import parse_response_format
+from .tools import ToolSpec, forced_call, parse_tools
 
-# Accepted and ignored: they change nothing a single-choice, text-only completion returns.
-_IGNORED = {"user", "metadata", "store", "service_tier", "parallel_tool_calls", "stream_options",
-            "frequency_penalty", "presence_penalty", "logit_bias", "response_format", "echo",
-            "suffix", "best_of", "logprobs", "top_logprobs", "tools", "tool_choice",
-            "modalities", "prediction", "reasoning_effort", "web_search_options", "audio",
-            "functions", "function_call"}
-_COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "stream",
-           "n", "ignore_eos", "stop_token_ids"}
+log = logging.getLogger("mimo.api")
+
 MAX_STOP = 4
-# Below this a temperature means greedy: logits / T overflows float32 for tiny T, and
-# sampling from inf/nan probabilities fails inside the engine step.
-MIN_TEMPERATURE = 1e-5
-SEED_RANGE = (-(2**63), 2**64 - 1)     # what torch.Generator.manual_seed accepts
+_COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p",
+           "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
+           "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
+           "logprobs", "user", "metadata", "store", "service_tier"}
+_CHAT = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+         "functions", "function_call", "parallel_tool_calls", "response_format", "modalities",
+         "audio", "prediction", "reasoning_effort", "web_search_options"}
+_COMPLETION = {"prompt", "echo", "suffix", "best_of"}
+# Known and impossible to honour here: any value but these is a 400 naming the field.
+_ONLY = {"audio": (None,), "prediction": (None,), "web_search_options": (None,),
+         "reasoning_effort": (None,), "store": (None, False),
+         "service_tier": (None, "auto", "default")}
 
 
 @dataclass
@@ -39,50 +49,15 @@ class GenerationSpec:
     # Images and videos of the chat, in prompt order; their places in `messages` are
     # {"type": "image"|"video"} parts.
     media: list[MediaItem] = field(default_factory=list)
+    choices: Choices = field(default_factory=lambda: Choices(1, 1, None))
+    echo: bool = False
+    tools: ToolSpec | None = None
+    grammar: GrammarRequest | None = None   # response_format or a forced tool choice
+    json_mode: str | None = None            # 'json_object' | 'json_schema' (response_format)
 
-
-def _num(body, name, lo=None, hi=None, integer=False, default=None):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (integer and not isinstance(v, int)):
-        raise bad_request(f"'{name}' must be {'an integer' if integer else 'a number'}, "
-                          f"got {type(v).__name__}", name)
-    if isinstance(v, float) and not math.isfinite(v):
-        raise bad_request(f"'{name}' must be finite", name)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        want = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
-        raise bad_request(f"'{name}' must be {want}, got {v}", name)
-    return v
-
-
-def _params(body: dict, max_model_len: int) -> SamplingParams:
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    param = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-    if max_tokens is None:
-        max_tokens = 256
-    elif isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise bad_request(f"'{param}' must be an integer", param)
-    if max_tokens < 1:
-        raise bad_request(f"'{param}' must be >= 1, got {max_tokens}", param)
-    if max_tokens >= max_model_len:
-        raise bad_request(f"'{param}' is {max_tokens}; the context is {max_model_len} tokens",
-                          param, "context_length_exceeded")
-    top_k = _num(body, "top_k", -1, None, integer=True, default=0)
-    stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or any(isinstance(t, bool) or not isinstance(t, int)
-                                              or t < 0 for t in stop_ids):
-        raise bad_request("'stop_token_ids' must be a list of non-negative integers", "stop_token_ids")
-    ignore_eos = body.get("ignore_eos", False)
-    if not isinstance(ignore_eos, bool):
-        raise bad_request("'ignore_eos' must be a boolean", "ignore_eos")
-    temperature = float(_num(body, "temperature", 0.0, 2.0, default=1.0))
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
-        top_p=float(_num(body, "top_p", 0.0, 1.0, default=1.0)) or 1e-9,
-        top_k=top_k, seed=_num(body, "seed", *SEED_RANGE, integer=True),
-        stop_token_ids=stop_ids, ignore_eos=ignore_eos)
+    @property
+    def n(self) -> int:
+        return self.choices.n
 
 
 def _stop(body) -> list[str]:
@@ -98,58 +73,90 @@ def _stop(body) -> list[str]:
     return [x for x in s if x]
 
 
-def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False) -> GenerationSpec:
-    """`multimodal`: the model takes image_url / video_url parts (else they are a 400)."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    allowed = _COMMON | _IGNORED | ({"messages", "max_completion_tokens"} if kind == "chat"
-                                     else {"prompt"})
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise bad_request(f"unknown field(s): {', '.join(unknown)}", unknown[0])
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad_request("'model' is required and must be a string", "model")
-    n = body.get("n", 1)
-    if n != 1 or isinstance(n, bool):
-        raise bad_request("only n=1 is supported", "n")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise bad_request("'stream' must be a boolean", "stream")
+def _unsupported(body: dict) -> None:
+    for name, ok in _ONLY.items():
+        v = body.get(name)
+        if not any(v is o or (isinstance(o, str) and v == o) for o in ok):
+            raise bad_request(f"'{name}' is not supported by this server (got "
+                              f"{str(v)[:40]!r}); allowed: {', '.join(map(repr, ok))}", name)
+    mods = body.get("modalities")
+    if mods is not None and mods != ["text"]:
+        raise bad_request("'modalities' must be [\"text\"]: this server generates text only",
+                          "modalities")
+    string(body, "user")
+    md = obj(body, "metadata")
+    if md is not None and (len(md) > 16 or not all(isinstance(v, str) for v in md.values())):
+        raise bad_request("'metadata' takes at most 16 string values", "metadata")
+
+
+def _stream_options(body: dict, stream: bool) -> bool:
     so = body.get("stream_options")
-    if so is not None and (not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool)):
+    if so is None:
+        return False
+    if not stream:
+        raise bad_request("'stream_options' is only allowed with 'stream': true",
+                          "stream_options")
+    if not isinstance(so, dict) or not isinstance(so.get("include_usage", False), bool):
         raise bad_request("'stream_options' must be an object like {\"include_usage\": true}",
                           "stream_options")
-    spec = GenerationSpec(kind, model, _params(body, max_model_len), stream,
-                          bool(so and so.get("include_usage")), _stop(body))
-    if kind == "chat":
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise bad_request("'messages' must be a non-empty list", "messages")
-        out = []
-        for i, m in enumerate(msgs):
-            if not isinstance(m, dict):
-                raise bad_request(f"messages[{i}] must be an object", "messages")
-            if m.get("role") not in ("system", "user", "assistant", "developer"):
-                raise bad_request(f"messages[{i}].role {m.get('role')!r} is not one of system, "
-                                  f"user, assistant", "messages")
-            role = "system" if m["role"] == "developer" else m["role"]
-            out.append({"role": role, "content": parse_content(
-                m.get("content"), i, role, multimodal, spec.media)})
-        spec.messages = out
+    return bool(so.get("include_usage"))
+
+
+def _prompt(spec: GenerationSpec, body: dict) -> None:
+    p = body.get("prompt")
+    if isinstance(p, str):
+        if not p:
+            raise bad_request("'prompt' is empty", "prompt")
+        spec.prompt = valid_unicode(p, "'prompt'", "prompt")
+    elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
+                                           for t in p):
+        spec.prompt_ids = list(p)
+    elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], str) and p[0]:
+        spec.prompt = valid_unicode(p[0], "'prompt'", "prompt")
     else:
-        p = body.get("prompt")
-        if isinstance(p, str):
-            if not p:
-                raise bad_request("'prompt' is empty", "prompt")
-            spec.prompt = valid_unicode(p, "'prompt'", "prompt")
-        elif isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-            spec.prompt_ids = list(p)
-        elif isinstance(p, list) and len(p) == 1 and isinstance(p[0], str) and p[0]:
-            spec.prompt = valid_unicode(p[0], "'prompt'", "prompt")
-        else:
-            raise bad_request("'prompt' must be a non-empty string, one string in a list, or a "
-                              "list of token ids", "prompt")
+        raise bad_request("'prompt' must be a non-empty string, one string in a list, or a "
+                          "list of token ids", "prompt")
+    spec.echo = boolean(body, "echo", False)
+    if spec.echo and spec.choices.logprobs is not None:
+        raise bad_request("'echo' with 'logprobs' (prompt logprobs) is not supported", "echo")
+    suffix = string(body, "suffix")
+    if suffix:
+        raise bad_request("'suffix' (fill-in-the-middle) is not supported by this model",
+                          "suffix")
+
+
+def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False,
+          vocab_size: int = 2**31, tool_format=None) -> GenerationSpec:
+    """`multimodal`: the model takes image_url / video_url parts (else they are a 400).
+    `tool_format`: the model family's mimo.tools.ToolFormat (forced tool choices)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    known = _COMMON | (_CHAT if kind == "chat" else _COMPLETION)
+    unknown = sorted(set(body) - known)
+    if unknown:
+        log.info("ignoring unknown request field(s): %s", ", ".join(unknown)[:200])
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request(f"'model' is required and must be a string, got {kind_of(model)}",
+                          "model")
+    stream = boolean(body, "stream", False)
+    include_usage = _stream_options(body, stream)
+    _unsupported(body)
+    ch = choices(kind, body, stream)
+    spec = GenerationSpec(kind, model, sampling_params(kind, body, max_model_len, vocab_size, ch),
+                          stream, include_usage, _stop(body), choices=ch)
+    if kind == "chat":
+        spec.messages = parse_messages(body.get("messages"), multimodal, spec.media)
+        spec.tools = parse_tools(body)
+        spec.grammar, spec.json_mode = parse_response_format(body)
+        if spec.tools is not None and spec.tools.forced:
+            if spec.grammar is not None:
+                raise bad_request("a forced tool_choice and a JSON 'response_format' cannot "
+                                  "both constrain the output", "response_format")
+            assert tool_format is not None, "forced tool choices need the model's tool format"
+            spec.grammar = forced_call(tool_format, spec.tools.forced)
+    else:
+        _prompt(spec, body)
     return spec
 
 

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# Message keys besides role and content that templates read (OpenAI's tool turns).
+_EXTRA_KEYS = ("tool_calls", "tool_call_id", "name")
 
 
 class ChatTemplateError(ValueError):
@@ -92,8 +94,9 @@ class ChatPrompt:
     has_bos: bool     # the text starts with the tokenizer's BOS token (the template wrote it)
 
 
-def validate_messages(messages: Any) -> list[dict[str, str]]:
-    """Plain copies {'role', 'content'} of OpenAI-style messages; InvalidMessages otherwise."""
+def validate_messages(messages: Any) -> list[dict[str, Any]]:
+    """Plain copies {'role', 'content'} of OpenAI-style messages (plus an assistant's
+    `tool_calls`, a tool result's `tool_call_id` and a `name`); InvalidMessages otherwise."""
     if isinstance(messages, (str, bytes, dict)) or not isinstance(messages, Iterable):
         raise InvalidMessages("messages must be a list of {'role': ..., 'content': ...} objects")
     out = []
@@ -109,7 +112,11 @@ def validate_messages(messages: Any) -> list[dict[str, str]]:
         if not isinstance(content, str):
             raise InvalidMessages(f"messages[{i}].content must be a string, not "
                                   f"{type(content).__name__}")
-        out.append({"role": str.__str__(role), "content": str.__str__(content)})
+        msg: dict[str, Any] = {"role": str.__str__(role), "content": str.__str__(content)}
+        for k in _EXTRA_KEYS:
+            if m.get(k) is not None:
+                msg[k] = m[k]
+        out.append(msg)
     if not out:
         raise InvalidMessages("messages is empty: a chat needs at least one message")
     return out
@@ -202,13 +209,20 @@ class ChatTemplate:
         return cls(source, token(tokenizer.bos_token_id), token(tokenizer.eos_token_id),
                    token(getattr(tokenizer, "pad_token_id", None)), origin)
 
-    def render(self, messages, add_generation_prompt: bool = True) -> ChatPrompt:
+    @property
+    def supports_tools(self) -> bool:
+        """The template renders `tools` and tool turns itself (else callers fold them into
+        plain messages: mimo.tools.prompt)."""
+        return "tool_calls" in self.source or "tools" in self.source
+
+    def render(self, messages, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> ChatPrompt:
         import jinja2
         msgs = validate_messages(messages)
         special = {k: v for k, v in (("bos_token", self.bos_token), ("eos_token", self.eos_token),
                                      ("pad_token", self.pad_token)) if v is not None}
         try:
-            text = self._template.render(messages=msgs, tools=None, documents=None,
+            text = self._template.render(messages=msgs, tools=tools or None, documents=None,
                                          add_generation_prompt=bool(add_generation_prompt),
                                          **special)
         except jinja2.exceptions.TemplateError as e:
@@ -219,8 +233,9 @@ class ChatTemplate:
         has_bos = bool(self.bos_token) and text.startswith(self.bos_token)
         return ChatPrompt(text, has_bos)
 
-    def encode(self, tokenizer, messages, add_generation_prompt: bool = True) -> list[int]:
+    def encode(self, tokenizer, messages, add_generation_prompt: bool = True,
+               tools: list[dict] | None = None) -> list[int]:
         """Prompt token ids, as transformers' `apply_chat_template(tokenize=True)` gives them:
         the rendered text encoded with add_special_tokens=False (the template wrote any BOS)."""
-        return tokenizer.encode(self.render(messages, add_generation_prompt).text,
+        return tokenizer.encode(self.render(messages, add_generation_prompt, tools).text,
                                 add_special_tokens=False)

@@ -36,6 +36,11 @@ class ChatRequest(Request):
     token_ids: list[int] | None = None     # a completion's prompt as token ids
     stop: list[str] = field(default_factory=list)
     media: list[MediaItem] = field(default_factory=list)   # in prompt order
+    tools: list[dict] | None = None        # tool definitions shown to the model (OpenAI's shape)
+    tool_format: str | None = None         # mimo.tools.FORMATS key, for templates without tools
+    # Detokenize with special tokens (a tool or reasoning parser reads their markers); the
+    # final EOS / stop token is then left out of the text.
+    keep_special: bool = False
     # Written by the stages, one writer each:
     fetched: list[bytes] = field(default_factory=list)               # fetch
     decoded: list[DecodedMedia] = field(default_factory=list)        # decode_media

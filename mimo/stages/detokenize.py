@@ -53,23 +53,53 @@ class IncrementalDetokenizer:
         return out
 
 
+class TextDelta(tuple):
+    """(text, finish_reason | None), carrying the tokens behind it and their logprobs (when
+    asked) as attributes: unpacks as the pair it always was."""
+    token_ids: list[int]
+    logprobs: list
+
+    def __new__(cls, text: str, finish_reason: str | None, token_ids=(), logprobs=()):
+        self = super().__new__(cls, (text, finish_reason))
+        self.token_ids, self.logprobs = list(token_ids), list(logprobs)
+        return self
+
+    @property
+    def text(self) -> str:
+        return self[0]
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self[1]
+
+
 class Detokenize(Stage):
-    """Streaming stage: engine events in, (text delta, finish_reason | None) out; writes
-    req.completion_tokens."""
+    """Streaming stage: engine events in, TextDelta (text delta, finish_reason | None) out;
+    writes req.completion_tokens. `end_ids`: the tokens that end a request (EOS), left out of
+    the text of a request that keeps special tokens."""
     name = "detokenize"
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, end_ids: frozenset[int] = frozenset()):
         super().__init__()
         self.tokenizer = tokenizer
+        self.end_ids = end_ids
 
     async def process(self, req: ChatRequest, upstream):
-        detok = IncrementalDetokenizer(self.tokenizer, req.stop)
+        detok = IncrementalDetokenizer(self.tokenizer, req.stop,
+                                       skip_special_tokens=not req.keep_special)
+        count = 0
+        ends = self.end_ids | set(req.params.stop_token_ids)
         async for ev in upstream:
             final = ev.finish_reason is not None
-            delta = detok.feed(ev.token_ids, final=final)
-            req.completion_tokens = len(detok.ids)
+            ids = list(ev.token_ids)
+            count += len(ids)
+            if req.keep_special and final and ids and ids[-1] in ends:
+                ids = ids[:-1]
+            delta = detok.feed(ids, final=final)
+            req.completion_tokens = count
+            lps = getattr(ev, "logprobs", ())
             if detok.stopped:
-                yield delta, "stop"
+                yield TextDelta(delta, "stop", ev.token_ids, lps)
                 return          # closing the upstream aborts the request in the engine
-            if delta or final:
-                yield delta, ev.finish_reason
+            if delta or final or ev.token_ids:
+                yield TextDelta(delta, ev.finish_reason, ev.token_ids, lps)

@@ -8,9 +8,29 @@ raises the engine's RequestError as is (the API maps it).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..engine.async_engine import AsyncEngine
-from ..pipeline import Stage
+from ..engine.sequence import TokenLogprob
+from ..pipeline import InvalidRequest, Stage
 from .chat_request import ChatRequest
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The prompt (with max_tokens) does not fit the model's context."""
+    code = "context_length_exceeded"
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass
+class Generated:
+    """One engine event of a request: its new tokens (and their logprobs when asked)."""
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 class Generate(Stage):
@@ -20,14 +40,30 @@ class Generate(Stage):
         super().__init__()
         self.engine = engine
 
+    def _check_context(self, req: ChatRequest) -> None:
+        limit = self.engine.engine.max_model_len
+        n, m = len(req.prompt_ids), req.params.max_tokens
+        param = "messages" if req.messages is not None else "prompt"
+        if n >= limit:
+            raise ContextLengthExceeded(f"the prompt has {n} tokens; the context is {limit} "
+                                        f"tokens (it must leave room for one more)", param)
+        if n + m > limit:
+            raise ContextLengthExceeded(f"the prompt ({n} tokens) + max_tokens ({m}) exceeds "
+                                        f"the context of {limit} tokens", param)
+
     async def process(self, req: ChatRequest, upstream=None):
+        self._check_context(req)
         stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt)
         finished = False
+        seen = 0
         try:
             async for ev in stream:
                 finished = ev.finish_reason is not None
                 _note(req, stream)
-                yield ev
+                # The engine thread appended these logprobs before it posted the event.
+                lps = stream.seq.logprobs[seen:seen + len(ev.token_ids)]
+                seen += len(ev.token_ids)
+                yield Generated(list(ev.token_ids), ev.finish_reason, lps)
         finally:
             _note(req, stream)
             if not finished:

@@ -17,6 +17,8 @@ from ..multimodal.adapter import VisionAdapter
 from ..multimodal.mm_prompt import MMPrompt
 from ..multimodal.placeholders import place_media
 from ..pipeline import InvalidRequest, Stage
+from ..tools.formats import FORMATS, format_for
+from ..tools.prompt import fold_tools
 from .chat_request import ChatRequest
 
 
@@ -56,7 +58,15 @@ class BuildPrompt(Stage):
             return list(req.token_ids)
         if req.messages is not None:
             msgs = [self._flatten(m) for m in req.messages]
-            return self.template().encode(self.tokenizer, msgs)
+            tpl = self.template()
+            tool_turns = any(m["role"] in ("tool", "function") or m.get("tool_calls")
+                             for m in msgs)
+            if (req.tools or tool_turns) and not tpl.supports_tools:
+                fmt = FORMATS[req.tool_format] if req.tool_format else format_for(self.arch)
+                msgs = fold_tools(msgs, req.tools, fmt)
+                return tpl.encode(self.tokenizer, msgs)
+            msgs = [{**m, "role": "tool"} if m["role"] == "function" else m for m in msgs]
+            return tpl.encode(self.tokenizer, msgs, tools=req.tools)
         if not req.text:
             raise InvalidRequest("prompt is empty")
         return self.tokenizer.encode(req.text)

@@ -37,6 +37,12 @@ class Grammar:
         return cls.json_schema({"type": "object"}, vocab, "json_object")
 
     @classmethod
+    def lark(cls, source: str, vocab, description: str = "lark") -> Grammar:
+        """A Lark grammar (llguidance's dialect: `%json {schema}` embeds a JSON schema)."""
+        from llguidance import LLMatcher
+        return cls._checked(LLMatcher.grammar_from_lark(source), vocab, description)
+
+    @classmethod
     def _checked(cls, source: str, vocab, description: str) -> Grammar:
         from llguidance import LLMatcher
         bad, msgs = LLMatcher.validate_grammar_with_warnings(source, vocab)

@@ -11,6 +11,7 @@ from mimo.bench.server_process import ServerProcess as BaseServerProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 API_KEY = "test-key"
+KEY_HEADER = {"Authorization": f"Bearer {API_KEY}"}   # /metrics needs it too
 
 
 class ServerProcess(BaseServerProcess):
@@ -21,7 +22,7 @@ class ServerProcess(BaseServerProcess):
 
     def pools(self) -> dict:
         """Pool page counts by state, from /metrics."""
-        text = httpx.get(self.url + "/metrics", timeout=10).text
+        text = httpx.get(self.url + "/metrics", timeout=10, headers=KEY_HEADER).text
         out: dict = {}
         for line in text.splitlines():
             if line.startswith("mimo_kv_pool_pages{"):

@@ -4,6 +4,7 @@ import statistics
 import time
 
 import httpx
+from conftest import KEY_HEADER
 
 from mimo import SamplingParams
 from mimo.models.chat_template import ChatTemplate
@@ -121,7 +122,7 @@ def test_health_stays_fast_while_sixteen_streams_decode(aclient, server):
 def test_models_health_metrics(client, server):
     assert [m.id for m in client.models.list()] == [MODEL]
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    text = httpx.get(server.url + "/metrics").text
+    text = httpx.get(server.url + "/metrics", headers=KEY_HEADER).text
     for name in ("mimo_requests_total", "mimo_time_to_first_token_seconds_bucket",
                  "mimo_inter_token_latency_seconds_bucket", "mimo_queue_length",
                  "mimo_kv_pool_pages", "mimo_prompt_tokens_total", "mimo_cached_prompt_tokens_total"):
@@ -165,7 +166,7 @@ def test_repeated_prompt_reports_cached_tokens(client, gemma_fp32, server):
 
 
 def _metric(server, name: str) -> float:
-    for line in httpx.get(server.url + "/metrics").text.splitlines():
+    for line in httpx.get(server.url + "/metrics", headers=KEY_HEADER).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise AssertionError(f"{name} not in /metrics")

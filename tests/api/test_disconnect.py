@@ -5,14 +5,14 @@ request is counted as aborted by its client (499), never as a 200."""
 import time
 
 import httpx
-from conftest import API_KEY
+from conftest import API_KEY, KEY_HEADER
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def _metric(server, name: str) -> float:
     total = 0.0
-    for line in httpx.get(server.url + "/metrics", timeout=10).text.splitlines():
+    for line in httpx.get(server.url + "/metrics", timeout=10, headers=KEY_HEADER).text.splitlines():
         if line.startswith(name) and not line.startswith("#"):
             total += float(line.rsplit(" ", 1)[1])
     return total

@@ -8,6 +8,7 @@ import re
 
 import httpx
 import pytest
+from conftest import KEY_HEADER
 from helpers.media import loopback_server, media_path, send
 
 ASK = {"type": "text", "text": "What is in this picture?"}
@@ -48,7 +49,7 @@ def tokens_for(name: str, n_images: int = 1) -> int:
 
 
 def counter(server, name: str) -> float:
-    text = httpx.get(server.url + "/metrics", timeout=10).text
+    text = httpx.get(server.url + "/metrics", timeout=10, headers=KEY_HEADER).text
     m = re.search(rf"^{name} ([0-9.e+]+)$", text, re.M)
     assert m, f"{name} not in /metrics"
     return float(m.group(1))
