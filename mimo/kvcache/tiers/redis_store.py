@@ -212,7 +212,8 @@ class RoutedRedisStore(KVStorage):
             jobs.append((node, [[i] for g in groups for i in g] if per_key else groups))
         tasks = [asyncio.ensure_future(node.execute([command(g) for g in gs])) for node, gs in jobs]
         try:
-            await asyncio.wait(tasks, timeout=self._remaining(deadline))
+            if tasks:
+                await asyncio.wait(tasks, timeout=self._remaining(deadline))
         finally:
             late = [t for t in tasks if not t.done()]
             for t in late:
