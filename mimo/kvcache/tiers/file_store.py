@@ -60,7 +60,6 @@ class FileStore(KVStorage):
         self._total = 0        # bytes of the indexed files
         self._reserved = 0     # bytes of writes in flight, already made room for
         self._loaded = False
-        self._shards: set[str] = set()
         self._pool: ThreadPoolExecutor | None = None
 
     def describe(self) -> str:
@@ -184,10 +183,10 @@ class FileStore(KVStorage):
             now = time.time()
             with suppress(OSError):     # gone or replaced since: the payload read is still good
                 os.utime(path, (now, now))
-            self._used(name, st.st_size, now)
+            self._used(name, path, now)
             return payload, None, False
         except FileNotFoundError:
-            self._forget(name)      # never stored, or deleted by another process
+            self._forget(name, path)    # never stored, or deleted by another process
             return None, None, False
         except OSError:
             return None, "error", False
@@ -203,20 +202,29 @@ class FileStore(KVStorage):
         tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
         stored = False
         try:
-            if name[:2] not in self._shards:
+            try:
+                f = open(tmp, "wb")
+            except FileNotFoundError:   # a new shard, or the directory was wiped meanwhile
                 os.makedirs(shard, exist_ok=True)
-                self._shards.add(name[:2])
-            with open(tmp, "wb") as f:
+                f = open(tmp, "wb")
+            with f:
                 f.write(head)
                 f.write(payload)
-            os.replace(tmp, path)
-            stored = True
+            with self._lock:            # the rename and the index change as one step
+                os.replace(tmp, path)
+                stored = True
+                self._reserved -= size
+                old = self._index.pop(name, None)
+                self._total += size - (old[0] if old else 0)
+                self._index[name] = (size, time.time())
         except OSError as e:
             with suppress(OSError):
                 os.unlink(tmp)
             return False, "full" if e.errno in _FULL_ERRNOS else "error"
         finally:
-            self._commit(name, size, stored)
+            if not stored:
+                with self._lock:
+                    self._reserved -= size
         return True, None
 
     def _exists_one(self, key: str) -> tuple[bool, str | None]:
@@ -234,36 +242,40 @@ class FileStore(KVStorage):
         now = time.time()
         try:
             os.utime(path, (now, now))
-            self._used(name, os.stat(path).st_size, now)
+            self._used(name, path, now)
         except FileNotFoundError:
-            self._forget(name)
+            self._forget(name, path)
         except OSError:
             return ("error",)
         return (None,)
 
     def _delete_one(self, key: str) -> tuple[str | None]:
         name = self.file_name(key)
-        try:
-            os.unlink(os.path.join(self.root, name[:2], name))
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return ("error",)
-        self._forget(name)
+        with self._lock:
+            try:
+                os.unlink(os.path.join(self.root, name[:2], name))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return ("error",)
+            self._forget_locked(name)
         return (None,)
 
     def _drop_corrupt(self, name: str, path: str, st: os.stat_result) -> bool:
         """Delete the corrupt file we read, unless a writer has replaced it meanwhile."""
-        try:
-            if os.stat(path).st_ino != st.st_ino:
+        with self._lock:
+            try:
+                if os.stat(path).st_ino != st.st_ino:
+                    return False
+                os.unlink(path)
+            except OSError:
                 return False
-            os.unlink(path)
-        except OSError:
-            return False
-        self._forget(name)
+            self._forget_locked(name)
         return True
 
     # ---- the index (pool threads, under _lock) ------------------------------------------
+    # Entry files are renamed into place and unlinked under _lock together with the index
+    # change, so check_integrity (which holds it) never sees one without the other.
     def _load(self) -> None:
         """Build the index from the directory once (caller holds _lock)."""
         if self._loaded:
@@ -285,7 +297,6 @@ class FileStore(KVStorage):
             for shard in shards:
                 if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
                     continue
-                self._shards.add(shard.name)
                 with os.scandir(shard.path) as files:
                     for f in files:
                         try:
@@ -300,17 +311,29 @@ class FileStore(KVStorage):
                                 os.unlink(f.path)
         return out
 
-    def _used(self, name: str, size: int, now: float) -> None:
+    def _used(self, name: str, path: str, now: float) -> None:
+        """Refresh an entry's age. One not indexed (another process wrote it) joins the
+        index if it is still there: a delete or an eviction may have raced the read."""
         with self._lock:
             old = self._index.pop(name, None)
-            self._total += size - (old[0] if old else 0)
-            self._index[name] = (size, now)
+            if old is None:
+                try:
+                    old = (os.stat(path).st_size, now)
+                except OSError:
+                    return
+                self._total += old[0]
+            self._index[name] = (old[0], now)
 
-    def _forget(self, name: str) -> None:
+    def _forget(self, name: str, path: str) -> None:
+        """Drop an entry found missing, unless a write put it back since."""
         with self._lock:
-            old = self._index.pop(name, None)
-            if old:
-                self._total -= old[0]
+            if name in self._index and not os.path.exists(path):
+                self._forget_locked(name)
+
+    def _forget_locked(self, name: str) -> None:
+        old = self._index.pop(name, None)
+        if old:
+            self._total -= old[0]
 
     def _reserve(self, name: str, size: int) -> bool:
         """Make room for `size` more bytes by evicting LRU entries that are at least min_age
@@ -343,11 +366,3 @@ class FileStore(KVStorage):
                     self._total -= self._index.pop(victim)[0]
             self._reserved += size
             return True
-
-    def _commit(self, name: str, size: int, stored: bool) -> None:
-        with self._lock:
-            self._reserved -= size
-            if stored:
-                old = self._index.pop(name, None)
-                self._total += size - (old[0] if old else 0)
-                self._index[name] = (size, time.time())

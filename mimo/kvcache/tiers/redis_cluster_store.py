@@ -156,3 +156,4 @@ class RedisClusterStore(RoutedRedisStore):
         if self._topology is not None:
             await self._topology.aclose()
         self._topology, self._ready, self._init, self._refresh = None, False, None, None
+        self._loop = None

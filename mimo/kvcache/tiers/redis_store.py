@@ -263,3 +263,4 @@ class RedisStore(RoutedRedisStore):
 
     async def aclose(self) -> None:
         await self.node.aclose()
+        self._loop = None

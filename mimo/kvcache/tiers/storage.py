@@ -2,8 +2,9 @@
 
 Backends: a local directory (`file:DIR`), one Redis (`redis://HOST:PORT[/DB]`, `rediss://`
 for TLS, a password as `redis://:PASSWORD@HOST:PORT`), a Redis Cluster
-(`redis-cluster://HOST:PORT[,HOST:PORT...]`). Each stores opaque byte values under str keys,
-wrapped in a checked header (entry.py), and answers every fault as a miss or a dropped write.
+(`redis-cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT...]`, no TLS form yet). Each stores opaque
+byte values under str keys, wrapped in a checked header (entry.py), and answers every fault
+as a miss or a dropped write.
 
 Redis settings for a KV cache:
 - `maxmemory`: the bytes of KV you want to keep, plus about 10% for Redis's own per-key
@@ -47,7 +48,8 @@ class StorageStats:
     bytes_written: int = 0  # payload bytes stored
     touches: int = 0
     deleted_corrupt: int = 0
-    errors: dict[str, int] = field(default_factory=_zero_causes)   # per key, by cause
+    # per key, by cause: failed gets and puts, and the keys of failed exists/touch/delete
+    errors: dict[str, int] = field(default_factory=_zero_causes)
 
 
 class StorageIntegrityError(AssertionError):
