@@ -7,8 +7,11 @@ byte values under str keys, wrapped in a checked header (entry.py), and answers 
 as a miss or a dropped write.
 
 Redis settings for a KV cache:
-- `maxmemory`: the bytes of KV you want to keep, plus about 10% for Redis's own per-key
-  overhead. Without it Redis grows until the machine swaps or the OOM killer ends it.
+- `maxmemory`: the bytes of KV you want to keep, plus Redis's overhead: about 1 MB of its
+  own, and the allocator's rounding of each value, which is small for most sizes but a
+  quarter for a value just over a power of two (a page of exactly 1 MiB plus its 48-byte
+  header occupies 1.25 MiB; `MEMORY USAGE key` shows it). Without `maxmemory` Redis grows
+  until the machine swaps or the OOM killer ends it.
 - `maxmemory-policy allkeys-lru`: Redis then evicts the least recently used entries, and the
   engine's keep-alive touches (TOUCH on the L3 keys of prefixes hit in L1/L2) decide what
   stays. With `noeviction` a full Redis refuses writes (counted as dropped, cause "full") and

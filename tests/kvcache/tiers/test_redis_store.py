@@ -38,7 +38,7 @@ async def _guarded(coro):
 
 def test_a_server_that_stops_answering_gives_timeouts_then_recovers(server):
     # socket timeouts far beyond the deadline: only the store's deadline can end the batch
-    store = RedisStore(server.url, socket_timeout=60.0, backoff=0.5)
+    store = RedisStore(server.url, socket_timeout=60.0, backoff=1.0)
     items = _items("p", 20, 50_000)
     keys = [k for k, _ in items]
 
@@ -50,11 +50,11 @@ def test_a_server_that_stops_answering_gives_timeouts_then_recovers(server):
                 got = await _guarded(store.get(keys, 0.3))
                 # a node that let a batch run past its deadline is skipped for the backoff
                 skipped = await _guarded(store.exists(keys[:2], 0.3))
-                await asyncio.sleep(0.6)
+                await asyncio.sleep(1.1)
                 stored = await _guarded(store.put(_items("q", 3, 10), 0.3))    # tried again
             finally:
                 server.resume()
-            await asyncio.sleep(0.6)        # past the backoff
+            await asyncio.sleep(1.1)        # past the backoff
             # replies to the abandoned batches must not leak into new ones
             return got, stored, skipped, await store.get(keys, T)
         finally:
