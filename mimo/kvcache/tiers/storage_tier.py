@@ -103,8 +103,19 @@ class StorageTier:
         return asyncio.run_coroutine_threadsafe(self._fetch(plan), self._loop)
 
     def touch(self, names: list[str]) -> None:
-        if names and not self._closed:
-            asyncio.run_coroutine_threadsafe(self._touch(names), self._loop)
+        """Refresh these entries' age in storage (keep-alive); queued like a write, and
+        dropped silently when the queue is full (the next hit touches again)."""
+        with self._lock:
+            if not names or self._closed or self._pending >= self.queue_size:
+                return
+            self._pending += 1
+            self._idle.clear()
+        asyncio.run_coroutine_threadsafe(self._touch(names), self._loop)
+
+    def _done(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
 
     def failed_keys(self) -> list[str]:
         with self._lock:
@@ -112,7 +123,8 @@ class StorageTier:
         return out
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every queued write was attempted; True if the queue emptied."""
+        """Wait until every queued write and touch was attempted; True if the queue
+        emptied."""
         return self._idle.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
@@ -142,15 +154,15 @@ class StorageTier:
             self.stats.pages += len(names) - len(bad)
             self.stats.failed += len(bad)
             self._failed.extend(bad)
-            self._pending -= 1
-            if self._pending == 0:
-                self._idle.set()
+            self._done()
 
     async def _touch(self, names: list[str]) -> None:
         try:
             await self.storage.touch(names, self.timeout)
         except Exception as e:  # noqa: BLE001 - keep-alive is best effort
             log.debug("KV storage touch failed: %r", e)
+        with self._lock:
+            self._done()
 
     async def _fetch(self, plan: FetchPlan) -> FetchResult:
         t0 = time.perf_counter()
