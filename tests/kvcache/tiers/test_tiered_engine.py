@@ -1,7 +1,7 @@
 """The tiers inside the engine (tiny Gemma 3, float32, window 8, page 4): a long prompt,
 many windows long, gives exactly the cache-off tokens whether its prefix comes from L1, L2
-(L1 too small to keep it), a split hit (full KV in L1, the window in L2), or a disk store
-read by a second engine; `cached_tokens` says how much was reused; a load that fails half
+(L1 too small to keep it), a split hit (full KV in L1, the window in L2), a disk store or
+a 3-master Redis Cluster read by a second engine; `cached_tokens` says how much was reused; a load that fails half
 way leaks nothing and recomputes. Pools of every tier balance after every scenario."""
 from __future__ import annotations
 
@@ -150,3 +150,19 @@ def test_a_load_that_fails_half_way_leaks_nothing(loaded, prompts, reference, mo
     again = gen(llm, a)
     assert again.token_ids == reference[0]
     assert again.cached_tokens == (N - 1) // PAGE * PAGE
+
+
+def test_redis_cluster_tier_in_a_second_engine(loaded, prompts, reference):
+    from helpers.redis_servers import RedisCluster3
+    with RedisCluster3() as cluster:
+        kw = dict(kv_cache_memory="8MiB", kv_storage=cluster.url, **BASE)
+        first = LLM("tiny", loaded=loaded, **kw)
+        b = prompts[1]
+        assert gen(first, b).token_ids == reference[1]
+        assert first.engine.flush_tiers()
+        second = LLM("tiny", loaded=loaded, **kw)
+        out = gen(second, b)
+        assert out.token_ids == reference[1]
+        assert out.cached_tokens == second.engine.cache.l3.hit_tokens == (N - 1) // PAGE * PAGE
+        for x in (first, second):
+            x.engine.close()
