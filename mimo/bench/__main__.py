@@ -21,6 +21,7 @@ COMMANDS = [
     ".encoder",          # encoder: vision encoder QPS / p90, cross-request batching off vs on
     ".spec",             # spec: decode tokens/s with vs without speculative decoding
     ".video_decode",     # video-decode: chunked parallel video decoding, time per worker count
+    ".tiers",            # tiers: TTFT and bytes moved per KV tier (L2, disk, Redis)
     ".soak",             # soak: mixed requests, disconnects, timeouts on one server; nothing stuck or leaked
 ]
 

@@ -1,0 +1,203 @@
+"""tiers: time to first token and bytes moved for a long prompt served from each KV tier.
+
+One run, one model (default: the embedded Gemma 3 270M), one prompt of --prompt-tokens:
+- recompute: a cold engine prefills the whole prompt;
+- L2: the prompt's KV was evicted from L1 to host memory (write-back) and comes back up;
+- disk / Redis: a fresh engine (empty L1, as after a restart or on another replica) loads
+  the prefix from a file: store or from Redis (a redis-server started on a loopback port
+  unless --redis names one).
+For each hit: TTFT as a fraction of recompute, the bytes read against the minimum (full
+layers' KV for the hit plus SWA/MTP KV for the window before its end) and against what a
+tier storing SWA layers like full ones would move. Redis load throughput (the tier's
+lookup: exists + get + checks) is compared with a raw `redis.asyncio` pipelined GET of the
+same entries, in the same run. Progress goes to stderr; the last line is one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+NAME = "tiers"
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(NAME, help="TTFT and bytes moved per KV tier (L2, disk, Redis)",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="gemma-3-270m")
+    p.add_argument("--prompt-tokens", type=int, default=8192)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--kv-cache-memory", default="1GiB")
+    p.add_argument("--host-kv-cache-memory", default="1GiB")
+    p.add_argument("--redis", default=None, metavar="URL",
+                   help="a Redis to use (default: start redis-server on a free loopback port)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per tier (median)")
+    p.add_argument("--threads", type=int, default=None)
+    return p
+
+
+def _log(msg: str) -> None:
+    print(f"[{NAME}] {msg}", file=sys.stderr, flush=True)
+
+
+def _start_redis() -> tuple[subprocess.Popen, str, str]:
+    import redis
+
+    from .server_process import free_port
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server not found: install it (apt-get install redis-server) "
+                         "or pass --redis URL")
+    port, d = free_port(), tempfile.mkdtemp(prefix="mimo-bench-redis-")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", d], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(200):
+        try:
+            redis.Redis.from_url(url).ping()
+            return proc, url, d
+        except redis.RedisError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit("redis-server did not start")
+
+
+def _ttft(llm, prompt) -> tuple[float, int]:
+    from ..engine.sampling_params import SamplingParams
+    t0 = time.perf_counter()
+    out = llm.generate({"prompt_token_ids": prompt},
+                       SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))[0]
+    return time.perf_counter() - t0, out.cached_tokens
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+async def _raw_redis_read(url: str, names: list[str]) -> tuple[int, float]:
+    import redis.asyncio as aredis
+    r = aredis.Redis.from_url(url)
+    try:
+        await r.ping()
+        t0 = time.perf_counter()
+        pipe = r.pipeline(transaction=False)
+        for n in names:
+            pipe.get(n)
+        vals = await pipe.execute()
+        dt = time.perf_counter() - t0
+    finally:
+        await r.aclose()
+    return sum(len(v) for v in vals if v is not None), dt
+
+
+def run(args) -> int:
+    import torch
+
+    from ..kvcache.layout import KVLayout
+    from ..kvcache.retention import window_pages
+    from ..llm import LLM
+    from ..models import registry
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _log(f"loading {args.model}")
+    loaded = registry.load(args.model, progress=False)
+    vocab = loaded.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(10, min(vocab, 200_000), (args.prompt_tokens,), generator=g).tolist()
+    base = dict(dtype=args.dtype, kv_cache_memory=args.kv_cache_memory, progress=False,
+                num_threads=args.threads, max_model_len=args.prompt_tokens + 64)
+    redis_proc = None
+    url = args.redis
+    if url is None:
+        redis_proc, url, _ = _start_redis()
+    disk = tempfile.mkdtemp(prefix="mimo-bench-kv-")
+    res: dict = {"model": args.model, "prompt_tokens": args.prompt_tokens, "dtype": args.dtype}
+    try:
+        cold = LLM(args.model, loaded=loaded, **base)
+        layout: KVLayout = cold.engine.pool.layout
+        P = cold.engine.pool.page_size
+        times = []
+        for i in range(args.repeats):
+            cold.engine.cache.make_room(cold.engine.pool.full.allocator.capacity,
+                                        cold.engine.pool.swa.allocator.capacity)
+            t, cached = _ttft(cold, prompt)
+            assert cached == 0
+            times.append(t)
+            _log(f"recompute {i + 1}/{args.repeats}: {t:.3f}s")
+        res["ttft_recompute_s"] = _median(times)
+        del cold
+        hits = {}
+        # L2: evict L1 down to host memory, then hit.
+        l2 = LLM(args.model, loaded=loaded, host_kv_cache_memory=args.host_kv_cache_memory, **base)
+        _ttft(l2, prompt)
+        times, byts = [], []
+        for i in range(args.repeats):
+            pool = l2.engine.pool
+            l2.engine.cache.make_room(pool.full.allocator.capacity, pool.swa.allocator.capacity)
+            before = l2.engine.cache.l2.bytes_read
+            t, cached = _ttft(l2, prompt)
+            times.append(t)
+            byts.append(l2.engine.cache.l2.bytes_read - before)
+            _log(f"L2 hit {i + 1}/{args.repeats}: {t:.3f}s, {cached} cached")
+        hits["l2"] = (_median(times), cached, byts[-1])
+        del l2
+        for name, store in (("disk", f"file:{disk}"), ("redis", url)):
+            writer = LLM(args.model, loaded=loaded, kv_storage=store, **base)
+            _ttft(writer, prompt)
+            writer.engine.flush_tiers()
+            writer.engine.close()
+            times = []
+            for i in range(args.repeats):
+                fresh = LLM(args.model, loaded=loaded, kv_storage=store, **base)
+                t, cached = _ttft(fresh, prompt)
+                c = fresh.engine.cache
+                times.append(t)
+                read, fetch_s = c.l3.bytes_read, c.storage.stats.latency_sum
+                fresh.engine.close()
+                _log(f"{name} hit {i + 1}/{args.repeats}: {t:.3f}s, {cached} cached")
+            hits[name] = (_median(times), cached, read)
+            if name == "redis":
+                res["redis_tier_load_s"] = round(fetch_s, 4)
+                res["redis_tier_load_MBps"] = round(read / fetch_s / 1e6, 1)
+                names = []
+                keys = c.keys.page_keys(prompt[:cached], None)
+                names += [c.keys.name("f", k) for k in keys]
+                if c.hybrid:
+                    names += [c.keys.name("s", keys[i])
+                              for i in window_pages(cached, layout.window, P)]
+                raw_bytes, raw_s = asyncio.run(_raw_redis_read(url, names))
+                res["redis_raw_read_MBps"] = round(raw_bytes / raw_s / 1e6, 1)
+                res["redis_load_vs_raw"] = round(read / fetch_s / (raw_bytes / raw_s), 3)
+        full_kv = KVLayout(layout.full + layout.swa, (), layout.window, layout.dtype_bytes,
+                           hybrid=False)
+        for name, (t, cached, read) in hits.items():
+            win = len(window_pages(cached, layout.window, P)) * P if layout.hybrid else 0
+            minimum = layout.full_bytes_per_token * cached + layout.swa_bytes_per_token * win
+            res[f"ttft_{name}_s"] = round(t, 4)
+            res[f"ttft_{name}_vs_recompute"] = round(t / res["ttft_recompute_s"], 4)
+            res[f"cached_{name}"] = cached
+            res[f"bytes_{name}"] = read
+            res[f"bytes_{name}_vs_min"] = round(read / max(minimum, 1), 4)
+            res[f"bytes_{name}_vs_full_kv_tier"] = round(
+                read / max(full_kv.full_bytes_per_token * cached, 1), 4)
+        res["ttft_recompute_s"] = round(res["ttft_recompute_s"], 4)
+        res["targets"] = {
+            "l2_ttft_le_0.05x": res["ttft_l2_vs_recompute"] <= 0.05,
+            "l3_ttft_le_0.1x": max(res["ttft_disk_vs_recompute"],
+                                   res["ttft_redis_vs_recompute"]) <= 0.1,
+            "bytes_le_1.1x_min": max(res[f"bytes_{n}_vs_min"] for n in hits) <= 1.1,
+            "redis_load_ge_0.7_raw": res["redis_load_vs_raw"] >= 0.7}
+    finally:
+        if redis_proc is not None:
+            redis_proc.kill()
+            redis_proc.wait()
+        shutil.rmtree(disk, ignore_errors=True)
+    print(json.dumps(res))
+    return 0
