@@ -26,7 +26,7 @@ from pathlib import Path
 from .allocator import PageAllocator
 from .layout import KVLayout
 from .radix_tree import RadixTree
-from .retention import POLICIES, RetentionPolicy, window_pages
+from .retention import POLICIES, RetentionPolicy, window_first_page, window_pages
 
 BLOCK = 512
 
@@ -173,7 +173,9 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
 
 
 class CacheSim:
-    """One policy at one budget. `policy`: a name in POLICIES, 'full-kv' or 'off'."""
+    """One policy at one budget. `policy`: a name in POLICIES, 'full-kv' or 'off'. The lower
+    tiers (L2, L3) are `tier_sim.TieredCacheSim`'s."""
+    tree_cls = RadixTree        # TieredCacheSim's tree reports what L1 evicts
 
     def __init__(self, layout: KVLayout, full_kv: KVLayout, budget: int, policy: str = "hybrid",
                  page_size: int = 16, align: int = BLOCK, swa_share: float = 0.2,
@@ -200,32 +202,47 @@ class CacheSim:
         self.hybrid = mode == "hybrid"
         # Window rebuild (RadixTree.match): the SWA receptive field, 0 when off.
         self.rebuild = layout.swa_receptive_field if self.hybrid and rebuild else 0
-        self.tree = RadixTree(P, layout.window, self.fa, self.sa, self.policy, mode,
+        self.tree = self.tree_cls(P, layout.window, self.fa, self.sa, self.policy, mode,
                               rebuild=self.rebuild)
         self._out_id = 0
         self.hit = self.prompt = self.requests = self.uncached = self.peak_leaves = 0
         self.full_short = 0     # requests that found the full pool full (evicted for it)
 
-    def request(self, prompt, output_len: int, namespace=None) -> int:
-        """Replay one request; returns its cached prompt tokens."""
-        P, tree, L = self.P, self.tree, len(prompt)
+    def _tokens(self, prompt, output_len: int) -> tuple[array, int, int]:
+        """(prompt + generated ids, prompt length, tokens with KV)."""
+        L = len(prompt)
         T = L + max(output_len - 1, 0)          # the last sampled token has no KV yet
         toks = array("q", prompt)
         toks.extend(range(-self._out_id - 1, -self._out_id - 1 - (T - L), -1))
         self._out_id += T - L
-        m = tree.match(toks[:L - 1], namespace)
+        return toks, L, T
+
+    def request(self, prompt, output_len: int, namespace=None) -> int:
+        """Replay one request; returns its cached prompt tokens."""
+        toks, L, T = self._tokens(prompt, output_len)
+        m = self.tree.match(toks[:L - 1], namespace)
         self.hit, self.prompt, self.requests = self.hit + m.length, self.prompt + L, self.requests + 1
-        if tree.mode == "off":
-            return m.length
+        if self.tree.mode != "off" and self._admit(toks, L, T, m, namespace) is None:
+            self.uncached += 1                  # bigger than the whole cache: run uncached
+        return m.length
+
+    def _admit(self, toks, L: int, T: int, m, namespace=None, start: int | None = None,
+               branch: int | None = None):
+        """Lock, make room, allocate, insert, free the duplicates, unlock; None if it cannot
+        fit. `start`, `branch` (`tier_sim`): where a hit from the lower tiers ends (pages; the
+        request loads the window before it) and where its tokens leave every tier."""
+        P, tree = self.P, self.tree
         window = not m.rebuild
         tree.lock(m.node, window)
-        q0, qf, n = m.length // P, m.full_len // P, _cdiv(T, P)
+        q0 = m.length // P if start is None else start
+        qf, n = m.full_len // P, _cdiv(T, P)
         keep_new: list[int] = []
         if self.hybrid:
-            keep = tree.keep_pages(T, L, m.prefix_len)
+            keep = tree.keep_pages(T, L, m.prefix_len if branch is None else branch)
             keep.update(window_pages(n * P, self.window, P))   # the last window stays live
             # A rebuild's SWA is exact only from swa_exact_from on (RadixTree.match).
-            lo = _cdiv(m.swa_exact_from, P)
+            lo = (_cdiv(m.swa_exact_from, P) if start is None
+                  else window_first_page(start * P, self.window, P))
             keep_new = sorted(i for i in keep if lo <= i < n)
         transient = min(self.chunk_pages, n - q0) if self.hybrid else 0
         short_f = n - qf - self.fa.num_free
@@ -235,21 +252,21 @@ class CacheSim:
             tree.evict(max(short_f, 0), max(short_s, 0))
         if (self.fa.num_free < n - qf
                 or (self.sa is not None and self.sa.num_free < len(keep_new) + transient)):
-            self.uncached += 1                  # bigger than the whole cache: run uncached
             tree.unlock(m.node, window)
-            return m.length
+            return None
         fp = self.fa.alloc(n - qf)
         swa = None
         if self.sa is not None:
-            swa = list(m.swa_pages) + [None] * (n - q0)
+            swa = list(m.swa_pages) + [None] * (n - q0) if start is None else [None] * n
             for i, s in zip(keep_new, self.sa.alloc(len(keep_new))):
                 swa[i] = s
-        res = tree.insert(toks, m.full_pages + fp, swa, namespace, prompt_len=L)
+        res = tree.insert(toks, m.full_pages + fp, swa, namespace, prompt_len=L,
+                          branch_len=branch)
         self.fa.free(res.dup_full)
         if self.sa is not None:
             self.sa.free(res.dup_swa)
         tree.unlock(m.node, window)
-        return m.length
+        return res
 
     def run(self, reqs, progress=None, label: str = "", every_s: float = 5.0,
             check_every: int = 0, leaf_every: int = 0) -> dict:
