@@ -344,7 +344,7 @@ def plot_tiers(res: dict, path: str, plt) -> None:
             t = r["tiers"]
             series.setdefault(r["policy"], []).append(
                 (t["total_bytes"] / 2**40, *(t["hit_rate_by_tier"][k] for k in ("L1", "L2", "L3"))))
-    pols = sorted(series)
+    pols = list(series)                     # in --policy order
     fig, axes = plt.subplots(1, len(pols), figsize=(5.5 * len(pols), 4.5), sharey=True,
                              squeeze=False)
     colors = {"L1": "#4c72b0", "L2": "#dd8452", "L3": "#55a868"}
@@ -358,12 +358,16 @@ def plot_tiers(res: dict, path: str, plt) -> None:
         for x, *v in sorted(series[pol]):
             bottom = 0.0
             for k, y in zip(("L1", "L2", "L3"), v):
-                ax.bar(x, y, width=0.35 * x, bottom=bottom, color=colors[k],
-                       label=k if x == min(series[pol])[0] else None)
+                # (x / 1.2 to x * 1.2: centred on x on the log axis)
+                ax.bar(x / 1.2, y, width=x * (1.2 - 1 / 1.2), bottom=bottom, align="edge",
+                       color=colors[k], label=k if x == min(series[pol])[0] else None)
                 bottom += y
         ax.axhline(res["ideal_hit_rate"], color="gray", linestyle="--",
                    label=f"ideal {res['ideal_hit_rate']:.3f}")
         ax.set_xscale("log")
+        xs = sorted({x for x, *_ in series[pol]})
+        ax.set_xticks(xs, [f"{x:.3g}" for x in xs])
+        ax.minorticks_off()
         ax.set_title(pol)
         ax.set_xlabel(f"L1 + L2 + L3 bytes (TiB), {res['shape']} {res['dtype']}")
         ax.grid(True, which="both", alpha=0.3)
