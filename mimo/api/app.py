@@ -179,7 +179,7 @@ class Server:
         try:
             return await asyncio.to_thread(build)
         except GrammarError as e:
-            raise bad_request(str(e), param, "invalid_schema") from None
+            raise bad_request(f"'{param}': {e}", param, "invalid_schema") from None
 
     async def _generate(self, request, kind: str):
         endpoint = "chat" if kind == "chat" else "completions"

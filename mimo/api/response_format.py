@@ -44,4 +44,31 @@ def parse_response_format(body: dict) -> tuple[GrammarRequest | None, str | None
         raise bad_request(f"'{P}.json_schema.strict' must be a boolean", P)
     if "description" in js and not isinstance(js["description"], (str, type(None))):
         raise bad_request(f"'{P}.json_schema.description' must be a string", P)
+    if js.get("strict"):
+        schema = closed(schema)
     return GrammarRequest("json_schema", schema, name), t
+
+
+_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SUBS = ("items", "additionalItems", "not", "if", "then", "else", "contains")
+_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def closed(schema):
+    """OpenAI's strict mode: objects take no properties beyond those listed (where the
+    schema leaves `additionalProperties` unsaid)."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for k in _MAPS:
+        if isinstance(out.get(k), dict):
+            out[k] = {name: closed(v) for name, v in out[k].items()}
+    for k in _SUBS:
+        if isinstance(out.get(k), dict):
+            out[k] = closed(out[k])
+    for k in _LISTS:
+        if isinstance(out.get(k), list):
+            out[k] = [closed(v) for v in out[k]]
+    if out.get("type") == "object" or "properties" in out:
+        out.setdefault("additionalProperties", False)
+    return out

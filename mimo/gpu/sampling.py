@@ -108,12 +108,53 @@ def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[i
     return out
 
 
+def masked_greedy(head, h: torch.Tensor, masks: torch.Tensor) -> list[int]:
+    """Exact argmax over the allowed tokens (masks: bool [rows, V]) of each row's logits, by
+    the head's int8 bound when it has int8 weights (as `LMHead.greedy`: approximate logits
+    for the whole vocabulary, then exact ones only for the allowed candidates within the
+    approximation's error bound of the best), else from the full logits."""
+    lin = head.linear
+    if getattr(lin, "w_int8", None) is None:
+        logits = head.logits(h)
+        V = logits.shape[1]
+        return torch.argmax(logits.masked_fill(~masks[:, :V], float("-inf")), dim=-1).tolist()
+    if not head._ready:
+        head._prepare()
+    w8 = lin.w_int8
+    x = h.float()
+    sx = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
+    xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
+    approx = torch._int_mm(xq, w8.t()) * (head.scale * sx)
+    approx = approx.masked_fill(~masks[:, :approx.shape[1]], float("-inf"))
+    err = (xq.float() * sx - x).norm(dim=1)
+    best = approx.max(dim=1).values
+    thr = best - 2.0 * err * head.max_bound - 1e-3 * (1.0 + best.abs())
+    out = []
+    for i in range(x.shape[0]):
+        cand = torch.nonzero(approx[i] >= thr[i]).squeeze(1)
+        if cand.numel() == 0:           # nothing allowed (cannot happen for a live grammar)
+            cand = torch.nonzero(masks[i]).squeeze(1)[:1]
+        exact = (w8.index_select(0, cand).float() * head.scale[cand, None]) @ x[i]
+        out.append(int(cand[torch.argmax(exact)]))
+    return out
+
+
+def _reshapes(p) -> bool:
+    """A processor besides the grammar mask (logit_bias, min_tokens, penalties)."""
+    return bool(p.logit_bias or p.min_tokens or p.frequency_penalty or p.presence_penalty
+                or p.repetition_penalty != 1.0)
+
+
 def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
                 ) -> tuple[list[int], list]:
     """One token per row of `hidden` for each request in `seqs` (its params, prompt, output
     so far, generator), with every logit processor; `allowed[i]`: its grammar mask or None.
-    Returns the tokens and, per request, its token_logprob tuple or None."""
-    plain = [i for i, s in enumerate(seqs) if not s.params.needs_logits]
+    Returns the tokens and, per request, its token_logprob tuple or None.
+
+    Batched where it is per-token work on the whole vocabulary: one logits matmul, one
+    log-softmax for the rows that report logprobs (raw logits, before any mask), one masked
+    fill for the rows under a grammar and one argmax for the greedy rows."""
+    plain = [i for i, s in enumerate(seqs) if not s.params.needs_logits and allowed[i] is None]
     tokens: list[int] = [0] * len(seqs)
     lps: list = [None] * len(seqs)
     if plain:
@@ -121,16 +162,48 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
         for i, t in zip(plain, sample(head, h, [seqs[i].params for i in plain],
                                       [seqs[i].generator for i in plain])):
             tokens[i] = t
-    rest = [i for i, s in enumerate(seqs) if s.params.needs_logits]
-    if rest:
-        logits = head.logits(hidden[torch.tensor(rest)])
-        for j, i in enumerate(rest):
-            s = seqs[i]
-            p = s.params
-            x = logits[j]
-            if p.processes_logits or allowed[i] is not None:
-                x = process_logits(x, p, s.prompt_ids, s.output_ids, s.eos_ids, allowed[i])
-            tokens[i] = sample_row(x, p.temperature, p.top_p, p.top_k, s.generator, p.min_p)
-            if p.logprobs is not None:
-                lps[i] = token_logprob(logits[j], tokens[i], p.logprobs)
+    # Greedy under a grammar alone: no full logits needed.
+    mg = [i for i, s in enumerate(seqs) if allowed[i] is not None and s.params.greedy
+          and s.params.logprobs is None and s.params.min_p == 0 and not _reshapes(s.params)]
+    if mg:
+        for i, t in zip(mg, masked_greedy(head, hidden[torch.tensor(mg)],
+                                          torch.stack([allowed[i] for i in mg]))):
+            tokens[i] = t
+    done = set(plain) | set(mg)
+    rest = [i for i in range(len(seqs)) if i not in done]
+    if not rest:
+        return tokens, lps
+    logits = head.logits(hidden[torch.tensor(rest)])
+    with_lp = [j for j, i in enumerate(rest) if seqs[i].params.logprobs is not None]
+    raw_lp = torch.log_softmax(logits[torch.tensor(with_lp)], dim=-1) if with_lp else None
+    masked = [j for j, i in enumerate(rest) if allowed[i] is not None]
+    if masked:
+        V = logits.shape[1]
+        rows = torch.tensor(masked)
+        m = torch.stack([allowed[rest[j]][:V] for j in masked])
+        logits[rows] = torch.where(m, logits[rows], torch.tensor(float("-inf")))
+    argmax_rows = []
+    for j, i in enumerate(rest):
+        s = seqs[i]
+        p = s.params
+        if _reshapes(p):
+            logits[j] = process_logits(logits[j], p, s.prompt_ids, s.output_ids, s.eos_ids)
+        if p.temperature == 0:
+            argmax_rows.append(j)
+        else:
+            tokens[i] = sample_row(logits[j], p.temperature, p.top_p, p.top_k, s.generator,
+                                   p.min_p)
+    if argmax_rows:
+        best = torch.argmax(logits[torch.tensor(argmax_rows)], dim=-1).tolist()
+        for j, t in zip(argmax_rows, best):
+            tokens[rest[j]] = t
+    for k, j in enumerate(with_lp):
+        i = rest[j]
+        row = raw_lp[k]
+        top = seqs[i].params.logprobs
+        alts: tuple = ()
+        if top:
+            v, ix = torch.topk(row, top)
+            alts = tuple(zip(ix.tolist(), v.tolist()))
+        lps[i] = (tokens[i], float(row[tokens[i]]), alts)
     return tokens, lps

@@ -6,13 +6,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
     from .grammar import Grammar
 
 log = logging.getLogger("mimo.structured")
-_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 class TokenMatcher:
@@ -20,18 +20,27 @@ class TokenMatcher:
         from llguidance import LLMatcher
         self.grammar = grammar
         self._m = LLMatcher(grammar.vocab, grammar.source, log_level=0)
-        self._words = (grammar.vocab.vocab_size + 31) // 32
-        self._mask = torch.empty(self._words, dtype=torch.int32)
+        self._vocab = grammar.vocab.vocab_size
+        self._mask = np.empty((self._vocab + 31) // 32, dtype=np.int32)
 
     def allowed(self) -> torch.Tensor:
         """bool [vocab]: the tokens the grammar allows next (only EOS once it is complete)."""
         m = self._mask
-        self._m.unsafe_compute_mask_ptr(m.data_ptr(), m.numel() * 4)
-        bits = (m.unsqueeze(1) >> _SHIFTS) & 1
-        return bits.reshape(-1).bool()
+        self._m.unsafe_compute_mask_ptr(m.ctypes.data, m.nbytes)
+        # Bit i of word j is token 32 j + i; little-endian words, so unpack little-endian bytes.
+        bits = np.unpackbits(m.view(np.uint8), bitorder="little")[:self._vocab]
+        return torch.from_numpy(bits.view(np.bool_))
 
     def consume(self, tokens: list[int]) -> bool:
-        ok = self._m.consume_tokens(list(tokens))
+        """Advance by `tokens`; once the grammar is complete the rest (the EOS that ends the
+        request) is not fed to it."""
+        ok = True
+        for t in tokens:
+            if self._m.is_stopped():
+                break
+            ok = self._m.consume_token(t)
+            if not ok:
+                break
         if not ok:
             log.warning("grammar %s refused tokens %s: %s", self.grammar.description, tokens,
                         self._m.get_error())
