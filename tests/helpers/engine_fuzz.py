@@ -203,6 +203,10 @@ def make_case(seed: int, tight: bool = False) -> Case:
         opts["_full_pages"] = most + rng.randint(0, most)
         for r in case.reqs:
             r.arrive = min(r.arrive, rng.choice([0, 1]))
+    # A host-memory tier below the pools (L1 evictions go down, hits come back up), in
+    # multiples of the pools' budget. Drawn last: the earlier draws of a seed stay the same.
+    if opts["prefix_cache"] and rng.random() < 0.4:
+        case.opts["_host"] = rng.choice([0.5, 1.0, 3.0])
     return case
 
 
@@ -233,6 +237,8 @@ def build(case: Case) -> LLM:
     # Whole pages either side of the split (float rounding must not lose one).
     budget = F * fb + S * sb
     share = (S * sb + 0.5) / budget
+    if "_host" in case.opts:
+        opts["host_kv_cache_memory"] = int(budget * case.opts["_host"])
     return LLM("tiny", loaded=loaded, progress=False, dtype="float32", kv_cache_memory=budget,
                swa_share=share, **opts)
 

@@ -16,6 +16,8 @@ of admission) holds unchanged:
   by the engine's loader (engine/tier_loader.py), and promoted when they arrive.
 - **keep-alive**: a hit served by L1 or L2 touches the prefix's L3 keys at most every
   `kv_keepalive` seconds, so an L3 with its own LRU (disk cap, Redis maxmemory) keeps it.
+- **consistency repair**: at admission (where a match splits a node) and at every prefill
+  chunk, whatever L1 holds of the prefix that L3 is not known to hold is written down.
 A tier that fails is a miss: the hit is shorter and the request recomputes the rest.
 """
 from __future__ import annotations
@@ -103,6 +105,9 @@ class TieredPrefixCache(PrefixCache):
                 tier.miss_tokens += missed
         if self.storage is not None and got:
             self._keep_alive(tokens[:got], namespace)
+            # Consistency repair (the match may have split a node here): what L1 holds of
+            # the hit that L3 lacks goes down now (a dropped write, a prefix from L2).
+            self._write_through(tokens[:got], namespace)
         return got
 
     def promote(self, tokens, namespace=None,
