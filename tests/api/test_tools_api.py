@@ -1,0 +1,145 @@
+"""Tools through the official openai client against the real server (the default model):
+forced ('required') and named tool_choice always return a call whose arguments validate
+against the tool's schema (jsonschema), greedy and sampled; streamed deltas assemble into
+exactly the non-streamed call; the legacy functions / function_call; a multi-turn exchange
+with role "tool" results, rendered through the chat template."""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+MODEL = "gemma-3-270m"
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 24},
+    "unit": {"enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 14}},
+    "required": ["city", "unit"], "additionalProperties": False}
+SEARCH = {"type": "object", "properties": {
+    "query": {"type": "string", "maxLength": 32},
+    "limit": {"type": "integer", "minimum": 1, "maximum": 5},
+    "tags": {"type": "array", "items": {"enum": ["news", "papers", "code"]}, "maxItems": 2}},
+    "required": ["query"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                           "parameters": WEATHER}},
+         {"type": "function", "function": {"name": "search", "description": "Web search",
+                                           "parameters": SEARCH}}]
+SCHEMA = {"get_weather": WEATHER, "search": SEARCH}
+ASK = [{"role": "user", "content": "What is the weather in Paris for three days?"}]
+
+
+def check_call(call) -> dict:
+    assert call.type == "function" and call.id.startswith("call_")
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, SCHEMA[call.function.name])
+    return args
+
+
+@pytest.mark.parametrize("choice", ["required", "get_weather", "search"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_forced_tool_choice_always_calls_with_valid_arguments(client, choice, temperature):
+    tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    for seed in range(3 if temperature else 1):
+        r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           tool_choice=tc, max_tokens=120,
+                                           temperature=temperature, seed=seed)
+        ch = r.choices[0]
+        assert ch.finish_reason == "tool_calls", ch
+        assert len(ch.message.tool_calls) == 1
+        call = ch.message.tool_calls[0]
+        if choice != "required":
+            assert call.function.name == choice
+        check_call(call)
+
+
+@pytest.mark.parametrize("choice", ["required", "search"])
+def test_streamed_deltas_assemble_into_the_whole_call(client, choice):
+    tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    kw = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tc, max_tokens=120,
+              temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    calls: dict[int, dict] = {}
+    finish = None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for ch in chunk.choices:
+            finish = ch.finish_reason or finish
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"name": "", "arguments": "", "id": None})
+                c["id"] = c["id"] or d.id
+                c["name"] += d.function.name or ""
+                c["arguments"] += d.function.arguments or ""
+    assert finish == "tool_calls"
+    assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+    assert all(c["id"].startswith("call_") for c in calls.values())
+
+
+def test_legacy_functions_and_function_call(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK,
+                                       functions=[t["function"] for t in TOOLS],
+                                       function_call={"name": "get_weather"}, max_tokens=120,
+                                       temperature=0)
+    ch = r.choices[0]
+    assert ch.finish_reason == "function_call"
+    assert ch.message.function_call.name == "get_weather"
+    jsonschema.validate(json.loads(ch.message.function_call.arguments), WEATHER)
+
+
+def test_tool_choice_none_and_auto_answer_with_text(client):
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                       tool_choice="none", max_tokens=8, temperature=0)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
+    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=8,
+                                       temperature=0)
+    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+
+
+def test_multi_turn_with_tool_results(client, server):
+    import httpx
+    from conftest import KEY_HEADER
+    first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                           tool_choice="required", max_tokens=120, temperature=0)
+    call = first.choices[0].message.tool_calls[0]
+    history = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id,
+                      "content": json.dumps({"temperature": 21, "sky": "clear"})}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                       max_tokens=16, temperature=0)
+    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert r.usage.prompt_tokens > first.usage.prompt_tokens
+    # what the model saw: its call and the result, in the template's turns
+    ids = httpx.post(server.url + "/tokenize", headers=KEY_HEADER,
+                     json={"messages": history}).json()["tokens"]
+    text = httpx.post(server.url + "/detokenize", headers=KEY_HEADER,
+                      json={"tokens": ids}).json()["prompt"]
+    assert call.function.arguments in text
+    assert '{"temperature": 21, "sky": "clear"}' in text
+    # user, model (the call), user (the result), then the generation prompt's model turn
+    assert text.count("<start_of_turn>user") == 2 and text.count("<start_of_turn>model") == 2
+    # a second forced call on top of the history works too
+    again = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                           tool_choice={"type": "function",
+                                                        "function": {"name": "search"}},
+                                           max_tokens=120, temperature=0)
+    check_call(again.choices[0].message.tool_calls[0])
+
+
+def test_json_response_formats(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                               "age": {"type": "integer", "minimum": 0,
+                                                       "maximum": 120}},
+              "required": ["name", "age"]}
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "A person as JSON"}], max_tokens=80,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {
+            "name": "person", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Any JSON object"}], max_tokens=60,
+        temperature=0, response_format={"type": "json_object"}, stop=None,
+        extra_body={"logit_bias": {"236771": 5}})
+    text = r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(text), dict)
