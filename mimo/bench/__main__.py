@@ -23,6 +23,7 @@ COMMANDS = [
     ".video_decode",     # video-decode: chunked parallel video decoding, time per worker count
     ".tiers",            # tiers: TTFT and bytes moved per KV tier (L2, disk, Redis)
     ".soak",             # soak: mixed requests, disconnects, timeouts on one server; nothing stuck or leaked
+    ".structured",       # structured: decode tokens/s with a JSON-schema grammar vs without
 ]
 
 
