@@ -58,7 +58,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="KV byte budget, or a comma-separated list to sweep (200GiB,2TiB)")
     p.add_argument("--l2-budget", default="0",
                    help="host-memory tier (L2) below L1: byte budget, or a comma-separated list "
-                        "(0: none). What L1 evicts goes down to it; it drops its LRU pages")
+                        "(0: none). What L1 evicts goes down to it; it drops its LRU pages. "
+                        "Tiers apply to the hybrid policies and full-kv ('off' runs without)")
     p.add_argument("--l3-budget", default="0",
                    help="storage tier (L3): byte budget, or a comma-separated list (0: none). "
                         "Every cached prefix is written through to it when it enters L1")
