@@ -88,6 +88,11 @@ class RedisNode:
             await client.aclose()
 
 
+# EXISTS of each key, one reply per key (EXISTS k1 k2 ... only counts them).
+_EXISTS_EACH = ("local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('EXISTS', k) "
+                "end return r")
+
+
 class RoutedRedisStore(KVStorage):
     """get/put/exists/touch/delete over nodes that `_plan` routes keys to."""
 
@@ -150,15 +155,20 @@ class RoutedRedisStore(KVStorage):
         return ok
 
     async def exists(self, keys: Sequence[str], timeout: float) -> list[bool]:
+        # One command per key group (as MGET): a script answers every key of the group, so
+        # a lookup of a long prompt's pages costs one command, not one per page.
         found = [False] * len(keys)
         causes: list[str | None] = [None] * len(keys)
-        pairs = await self._send(keys, self._deadline(timeout), lambda g: ("EXISTS", keys[g[0]]),
-                                 True)
+        pairs = await self._send(keys, self._deadline(timeout),
+                                 lambda g: ("EVAL", _EXISTS_EACH, len(g), *[keys[i] for i in g]),
+                                 False)
         for idx, reply in pairs:
             if isinstance(reply, BaseException):
-                causes[idx[0]] = cause_of(reply)
+                for i in idx:
+                    causes[i] = cause_of(reply)
             else:
-                found[idx[0]] = bool(reply)
+                for i, r in zip(idx, reply):
+                    found[i] = bool(r)
         self._count_errors(causes)
         return found
 
