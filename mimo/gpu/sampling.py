@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -108,6 +109,39 @@ def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[i
     return out
 
 
+# A grammar that allows at most this many tokens next (a key, an enum, punctuation: most
+# positions of a JSON document) gets logits for those tokens only, not for the vocabulary.
+SPARSE_MAX = 4096
+
+
+def _subset_logits(head, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """float32 logits of tokens `idx` for one hidden row `h`, from the weights the head's
+    greedy path treats as exact (the int8 copy dequantized, when the head has one)."""
+    lin = head.linear
+    if getattr(lin, "w_int8", None) is not None:
+        if not head._ready:
+            head._prepare()
+        w = lin.w_int8.index_select(0, idx).float() * head.scale[idx, None]
+    else:
+        w = lin.weight.index_select(0, idx).float()
+    return w @ h.float()
+
+
+def sparse_sample(head, h: torch.Tensor, allowed: torch.Tensor, p, generator) -> int | None:
+    """The token for one row whose grammar allows few tokens (None: too many, use the full
+    logits). Masking the full logits and filtering them (temperature, min-p, top-k, top-p)
+    gives the same distribution as filtering the allowed subset's logits: every filter
+    only ranks or normalises over tokens with finite logits."""
+    # numpy's flatnonzero is an order of magnitude faster than torch.nonzero on a CPU bool
+    # vector of the vocabulary's size.
+    ids = np.flatnonzero(allowed.numpy()) if allowed.device.type == "cpu" else None
+    if ids is None or ids.size > SPARSE_MAX or ids.size == 0:
+        return None
+    idx = torch.from_numpy(ids)
+    sub = _subset_logits(head, h, idx)
+    return int(idx[sample_row(sub, p.temperature, p.top_p, p.top_k, generator, p.min_p)])
+
+
 def masked_greedy(head, h: torch.Tensor, masks: torch.Tensor) -> list[int]:
     """Exact argmax over the allowed tokens (masks: bool [rows, V]) of each row's logits, by
     the head's int8 bound when it has int8 weights (as `LMHead.greedy`: approximate logits
@@ -162,14 +196,23 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
         for i, t in zip(plain, sample(head, h, [seqs[i].params for i in plain],
                                       [seqs[i].generator for i in plain])):
             tokens[i] = t
-    # Greedy under a grammar alone: no full logits needed.
+    # Under a grammar alone (no logprobs, no other processor): the few allowed tokens' logits
+    # when the grammar allows few; greedy rows without full logits either way.
+    sparse = set()
+    for i, s in enumerate(seqs):
+        if allowed[i] is not None and s.params.logprobs is None and not _reshapes(s.params):
+            t = sparse_sample(head, hidden[i], allowed[i], s.params, s.generator)
+            if t is not None:
+                tokens[i] = t
+                sparse.add(i)
     mg = [i for i, s in enumerate(seqs) if allowed[i] is not None and s.params.greedy
-          and s.params.logprobs is None and s.params.min_p == 0 and not _reshapes(s.params)]
+          and i not in sparse and s.params.logprobs is None and s.params.min_p == 0
+          and not _reshapes(s.params)]
     if mg:
         for i, t in zip(mg, masked_greedy(head, hidden[torch.tensor(mg)],
                                           torch.stack([allowed[i] for i in mg]))):
             tokens[i] = t
-    done = set(plain) | set(mg)
+    done = set(plain) | set(mg) | sparse
     rest = [i for i in range(len(seqs)) if i not in done]
     if not rest:
         return tokens, lps

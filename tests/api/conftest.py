@@ -62,6 +62,21 @@ def client(server):
     return OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
+@pytest.fixture(scope="session")
+def spec_server():
+    """The same server with n-gram speculative decoding."""
+    s = ServerProcess("--dtype", "float32", "--kv-cache-memory", "256MiB", "--api-key", API_KEY,
+                      "--speculative", "ngram", "--num-draft-tokens", "4")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def spec_client(spec_server):
+    from openai import OpenAI
+    return OpenAI(base_url=spec_server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
 @pytest.fixture
 def aclient(server):
     """A factory: an AsyncOpenAI client must be made inside the event loop that uses it."""

@@ -33,6 +33,18 @@ def test_stage_errors_map_by_their_typed_cause():
         assert "went wrong" not in err.message and "operand" not in err.message
 
 
+def test_client_messages_carry_no_object_reprs_and_context_errors_agree():
+    from mimo.multimodal.errors import MediaError
+    from mimo.stages import ContextLengthExceeded
+    err = to_api_error(StageError("decode_media", MediaError(
+        "[decode_media] cannot identify image file <_io.BytesIO object at 0x7f3a2c1b9e40>")))
+    assert err.message == "cannot identify image file the data"
+    prompt = to_api_error(StageError("generate", ContextLengthExceeded("too long", "prompt")))
+    chat = to_api_error(ContextLengthExceeded("too long", "messages"))
+    assert (prompt.param, prompt.code) == ("prompt", "context_length_exceeded")
+    assert (chat.param, chat.code) == ("messages", "context_length_exceeded")
+
+
 def test_client_messages_carry_no_stage_tag():
     bad = InvalidRequest("this model takes no video parts", stage="prompt")
     assert str(bad).startswith("[prompt] ")              # logs keep the tag

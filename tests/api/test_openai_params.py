@@ -265,7 +265,19 @@ ROUTES = [
          code="invalid_api_key"),
 ]
 
-CORPUS = ISSUE + SAMPLING + TOOLS + FORMATS + MESSAGES + UNICODE + ROUTES
+LONG = "hello " * 40000
+CONTEXT = [   # the same fault, the same param and code, whichever field overflows
+    Case("ctx-prompt", COMP, comp(prompt=LONG), 400, "prompt", "context_length_exceeded",
+         ("context",)),
+    Case("ctx-messages", CHAT, user(LONG), 400, "messages", "context_length_exceeded",
+         ("context",)),
+    Case("ctx-prompt-plus-max-tokens", COMP, comp(prompt="hello " * 30000, max_tokens=5000),
+         400, "prompt", "context_length_exceeded", ("max_tokens",)),
+    Case("ctx-max-tokens", COMP, comp(max_tokens=10**6), 400, "max_tokens",
+         "context_length_exceeded", ("context",)),
+]
+
+CORPUS = CONTEXT + ISSUE + SAMPLING + TOOLS + FORMATS + MESSAGES + UNICODE + ROUTES
 assert len({c.id for c in CORPUS}) == len(CORPUS) and len(CORPUS) >= 100
 
 

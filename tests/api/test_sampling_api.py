@@ -9,7 +9,6 @@ import math
 
 import pytest
 import torch
-from conftest import API_KEY, ServerProcess
 
 from mimo import SamplingParams
 from mimo.models.chat_template import ChatTemplate
@@ -19,22 +18,9 @@ MODEL = "gemma-3-270m"
 PROMPT = "one two three four, one two three four, one two three four, one two"
 
 
-@pytest.fixture(scope="module")
-def spec_server():
-    s = ServerProcess("--dtype", "float32", "--kv-cache-memory", "256MiB", "--api-key", API_KEY,
-                      "--speculative", "ngram", "--num-draft-tokens", "4")
-    yield s
-    s.stop()
-
-
-def make_client(server):
-    from openai import OpenAI
-    return OpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
-
-
 @pytest.fixture(params=["plain", "ngram"])
-def any_client(request, client, spec_server):
-    return client if request.param == "plain" else make_client(spec_server)
+def any_client(request, client, spec_client):
+    return client if request.param == "plain" else spec_client
 
 
 def reference(llm, ids, out):

@@ -143,3 +143,20 @@ def test_json_response_formats(client):
     assert r.choices[0].finish_reason in ("stop", "length")
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
+
+
+@pytest.mark.parametrize("choice", ["required", "search"])
+def test_forced_calls_under_speculative_decoding(client, spec_client, choice):
+    """n-gram drafts checked against the grammar: the same call as without speculation
+    (greedy is lossless), its arguments intact, streamed too."""
+    tc = choice if choice == "required" else {"type": "function", "function": {"name": choice}}
+    kw = dict(model=MODEL, messages=ASK, tools=TOOLS, tool_choice=tc, max_tokens=120,
+              temperature=0)
+    want = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    got = spec_client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    assert (got.function.name, got.function.arguments) == \
+        (want.function.name, want.function.arguments)
+    check_call(got)
+    args = "".join(d.function.arguments or "" for c in spec_client.chat.completions.create(
+        **kw, stream=True) for ch in c.choices for d in ch.delta.tool_calls or [])
+    assert args == want.function.arguments
