@@ -25,7 +25,7 @@ from .sequence import TokenLogprob
 def grammar_masks(seqs: list) -> list:
     """Each request's grammar mask for its next token (None without a constraint); makes a
     request's matcher on first use."""
-    out = []
+    out: list = []
     for s in seqs:
         c = s.params.constraint
         if c is None:

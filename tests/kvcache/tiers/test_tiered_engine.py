@@ -1,8 +1,8 @@
 """The tiers inside the engine (tiny Gemma 3, float32, window 8, page 4): a long prompt,
 many windows long, gives exactly the cache-off tokens whether its prefix comes from L1, L2
 (L1 too small to keep it), a split hit (full KV in L1, the window in L2), a disk store or
-a 3-master Redis Cluster read by a second engine; `cached_tokens` says how much was reused; a load that fails half
-way leaks nothing and recomputes. Pools of every tier balance after every scenario."""
+a 3-master Redis Cluster read by a second engine; `cached_tokens` says how much was reused;
+a load that fails half way leaks nothing and recomputes. Pools of every tier balance after every scenario."""
 from __future__ import annotations
 
 import pytest
