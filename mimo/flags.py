@@ -67,9 +67,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "SWA-only evictions included (e.g. 8GiB; default 0: none)")
     t.add_argument("--kv-storage", default=None, metavar="URL",
                    help="shared storage KV tier (L3): file:DIR, redis://HOST:PORT[/DB] or "
-                        "redis-cluster://HOST:PORT[,HOST:PORT...]; prefixes are written when "
-                        "their prefill completes and read back by any process serving the "
-                        "same model (default: none)")
+                        "redis-cluster://HOST:PORT[,HOST:PORT...]; prefixes are written as "
+                        "their prefill runs and read back by any process serving the same "
+                        "model (default: none)")
     t.add_argument("--kv-disk-cap", default=None, metavar="SIZE",
                    help="byte cap of a file: store; least recently used entries go first "
                         "(default: no cap)")
@@ -80,8 +80,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="refresh the storage keys of a prefix that hits in L1/L2 at most this "
                         "often, so a store with its own LRU keeps hot prefixes (0: off)")
     t.add_argument("--kv-storage-write", default="through", choices=["through", "off"],
-                   help="through: write prefixes to storage when their prefill completes; "
-                        "off: read only")
+                   help="through: write prefixes to storage as their prefill runs and when "
+                        "their request ends; off: read only")
     t.add_argument("--kv-write-queue", type=int, default=64, metavar="N",
                    help="write batches waiting for storage; beyond it writes are dropped and "
                         "counted (default 64)")
