@@ -14,9 +14,9 @@ from .fields import kind_of, string
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def _text_only(content, i: int, role: str) -> str:
-    out = parse_content(content, i, role, False, [])
-    assert isinstance(out, str)      # text-only: parse_content refused anything else
+def _text_only(content, i: int, role: str, multimodal: bool) -> str:
+    out = parse_content(content, i, role, multimodal, [])
+    assert isinstance(out, str)      # media parts are refused outside user messages
     return out
 
 
@@ -84,7 +84,7 @@ def parse_messages(msgs, multimodal: bool, media: list[MediaItem]) -> list[dict]
                     raise bad_request(f"messages[{i}].content is required (or tool_calls)",
                                       "messages")
                 content = ""
-            msg["content"] = _text_only(content, i, role)
+            msg["content"] = _text_only(content, i, role, multimodal)
         elif role in ("tool", "function"):
             if role == "tool":
                 tid = string(m, "tool_call_id", where=f"messages[{i}].tool_call_id",
@@ -96,7 +96,7 @@ def parse_messages(msgs, multimodal: bool, media: list[MediaItem]) -> list[dict]
             elif not name:
                 raise bad_request(f"messages[{i}].name is required for a function message",
                                   "messages")
-            msg["content"] = _text_only(content, i, role)
+            msg["content"] = _text_only(content, i, role, multimodal)
         else:
             msg["content"] = parse_content(content, i, msg["role"], multimodal, media)
         out.append(msg)
