@@ -9,8 +9,9 @@ One run, one model (default: the embedded Gemma 3 270M), one prompt of --prompt-
 For each hit: TTFT as a fraction of recompute, the bytes read against the minimum (full
 layers' KV for the hit plus SWA/MTP KV for the window before its end) and against what a
 tier storing SWA layers like full ones would move. Redis load throughput (the tier's
-lookup: exists + get + checks) is compared with a raw `redis.asyncio` pipelined GET of the
-same entries, in the same run. Progress goes to stderr; the last line is one JSON object.
+lookup: exists + get + checks, median of the repeats) is compared with a raw `redis.asyncio`
+pipelined GET of the same entries (median of as many reads), in the same run. Progress goes
+to stderr; the last line is one JSON object.
 """
 from __future__ import annotations
 
@@ -175,7 +176,7 @@ def run(args) -> int:
             _ttft(writer, prompt)
             writer.engine.flush_tiers()
             writer.engine.close()
-            times = []
+            times, loads = [], []
             for i in range(args.repeats):
                 fresh = LLM(args.model, loaded=loaded, kv_storage=store, **base)
                 _ttft(fresh, warm)      # first-call costs (LM head bounds, threads) not timed
@@ -185,10 +186,12 @@ def run(args) -> int:
                 c = fresh.engine.cache
                 times.append(t)
                 read, fetch_s = c.l3.bytes_read, c.storage.stats.latency_sum
+                loads.append(fetch_s)
                 fresh.engine.close()
                 _log(f"{name} hit {i + 1}/{args.repeats}: {t:.3f}s, {cached} cached")
             hits[name] = (_median(times), cached, read)
             if name == "redis":
+                fetch_s = _median(loads)
                 res["redis_tier_load_s"] = round(fetch_s, 4)
                 res["redis_tier_load_MBps"] = round(read / fetch_s / 1e6, 1)
                 names = []
@@ -197,7 +200,8 @@ def run(args) -> int:
                 if c.hybrid:
                     names += [c.keys.name("s", keys[i])
                               for i in window_pages(cached, layout.window, P)]
-                raw_bytes, raw_s = asyncio.run(_raw_redis_read(url, names))
+                raws = [asyncio.run(_raw_redis_read(url, names)) for _ in range(args.repeats)]
+                raw_bytes, raw_s = raws[0][0], _median([r[1] for r in raws])
                 res["redis_raw_read_MBps"] = round(raw_bytes / raw_s / 1e6, 1)
                 res["redis_load_vs_raw"] = round(read / fetch_s / (raw_bytes / raw_s), 3)
         full_kv = KVLayout(layout.full + layout.swa, (), layout.window, layout.dtype_bytes,
