@@ -70,17 +70,28 @@ class RedisNode:
         Raises when the round trip itself fails."""
         if asyncio.get_running_loop().time() < self._down_until:
             raise NodeDown(f"{self.name} failed less than {self.backoff}s ago")
-        if self._client is None:
-            self._client = self._make()
-        pipe = self._client.pipeline(transaction=False)
-        for cmd in commands:
-            pipe.execute_command(*cmd)
-        try:
-            return await pipe.execute(raise_on_error=False)
-        except Exception as e:
-            if cause_of(e) in ("unavailable", "timeout"):
+        reused = self._client is not None
+        for attempt in range(2):
+            if self._client is None:
+                self._client = self._make()
+            pipe = self._client.pipeline(transaction=False)
+            for cmd in commands:
+                pipe.execute_command(*cmd)
+            try:
+                return await pipe.execute(raise_on_error=False)
+            except rexc.ConnectionError:
+                # A pooled connection to a server that restarted fails once: drop the client
+                # and try again at once on a new one, before calling the server down.
+                await self.aclose()
+                if attempt == 0 and reused:
+                    continue
                 self.mark_down()
-            raise
+                raise
+            except Exception as e:
+                if cause_of(e) in ("unavailable", "timeout"):
+                    self.mark_down()
+                raise
+        raise AssertionError("unreachable")
 
     async def aclose(self) -> None:
         client, self._client = self._client, None

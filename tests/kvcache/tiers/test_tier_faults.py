@@ -182,20 +182,20 @@ def test_a_dead_cluster_master_misses_only_its_keys(loaded, ref):
 
 def test_keep_alive_keeps_a_hot_prefix_in_an_lru_redis(loaded, ref):
     """A prefix that keeps hitting in L1 touches its Redis keys, so Redis's LRU keeps it
-    while colder prefixes go. (Redis's LRU clock ticks once a second: a round takes at least
-    that long so that a touch makes the hot keys younger than the cold ones before them.)"""
+    while colder prefixes go. (Redis's LRU clock ticks once a second: each touch comes more
+    than a second after the cold prefix before it was written, so the hot keys are strictly
+    younger than every cold one but the newest.)"""
     hot = ids(N, 9)
     with RedisServer(maxmemory="2500kb", policy="allkeys-lru",
                      args=("--maxmemory-samples", "10")) as redis:
         llm = engine(loaded, redis.url, kv_keepalive=0.001)
         written(llm, hot)
         for i in range(8):                      # ~0.35 MB each (an empty Redis uses ~0.9 MB)
-            t0 = time.monotonic()
             written(llm, ids(N, 100 + i))
+            time.sleep(1.05)                    # the touch below lands a clock tick later
             out = gen(llm, hot)                 # an L1 hit: touches the hot keys in Redis
             assert out.cached_tokens == FULL_HIT
             llm.engine.flush_tiers()
-            time.sleep(max(0.0, 1.05 - (time.monotonic() - t0)))
         assert llm.engine.cache.storage.storage.stats.touches > 0
         llm.engine.close()
         pk = llm.engine.cache.keys.page_keys(hot[:FULL_HIT])
