@@ -126,7 +126,7 @@ def test_gemma3_ids_have_exactly_one_bos(gemma_tok):
     ([], "empty"),
     ("hello", "list"),
     ({"role": "user", "content": "hi"}, "list"),
-    ([{"role": "tool", "content": "x"}], "roles"),
+    ([{"role": "robot", "content": "x"}], "roles"),
     ([{"role": "User", "content": "x"}], "roles"),
     ([{"content": "x"}], "role is None"),
     ([{"role": "user"}], "content must be a string"),
@@ -147,6 +147,9 @@ def test_template_refusals_raise_clearly(gemma_tok):
                     "gemma3")
     with pytest.raises(TemplateRejected, match="must alternate"):
         render_chat(gemma_tok, [{"role": "assistant", "content": "a"}], "gemma3")
+    # A tool result is a valid role (issue 19), but not as the whole conversation.
+    with pytest.raises(TemplateRejected, match="must alternate"):
+        render_chat(gemma_tok, [{"role": "tool", "content": "x"}], "gemma3")
 
 
 class _Tok:
