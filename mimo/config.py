@@ -343,8 +343,8 @@ class TierConfig:
     the lookup is a miss. `kv_keepalive`: seconds between refreshes of a hot prefix's L3 keys
     (0: never), so an L3 with its own eviction keeps what L1/L2 keep hitting.
     `kv_storage_write`: 'through' (prefixes written as their prefill runs and when their
-    request ends) or 'off' (read only). `kv_write_queue`: write batches waiting for storage; beyond it a write is
-    dropped and counted."""
+    request ends) or 'off' (read only). `kv_write_queue`: write batches waiting for
+    storage; beyond it a write is dropped and counted."""
     host_kv_cache_memory: int = 0
     kv_storage: str | None = None
     kv_disk_cap: int | None = None
