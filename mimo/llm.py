@@ -24,6 +24,7 @@ from .config import (
 from .engine.engine import LLMEngine, RequestError
 from .engine.parts import EngineParts
 from .engine.sampling_params import SamplingParams
+from .engine.sequence import TokenLogprob
 
 
 @dataclass
@@ -37,6 +38,10 @@ class GenerationOutput:
     # Speculative decoding only (else None): SpecStats.as_dict() of this request, e.g.
     # mean_acceptance_length (tokens per verify step) and position_rate (per draft position).
     spec_stats: dict | None = None
+    # SamplingParams.logprobs set (else None): one TokenLogprob (token, logprob, top
+    # alternatives) per generated token, from the target model's raw distribution, the same
+    # values the server reports (also under speculative decoding).
+    logprobs: list[TokenLogprob] | None = None
 
 
 def engine_config(model: str, **opts: Any) -> EngineConfig:
@@ -112,5 +117,6 @@ class LLM:
                                  self.tokenizer.decode(s.output_ids) if self.tokenizer else "",
                                  s.cached_tokens,
                                  s.finish_reason,
-                                 s.spec_stats.as_dict() if s.spec_stats is not None else None)
+                                 s.spec_stats.as_dict() if s.spec_stats is not None else None,
+                                 list(s.logprobs) if s.params.logprobs is not None else None)
                 for (text, ids), s in zip(parsed, seqs)]
