@@ -26,6 +26,7 @@ Redis settings for a KV cache:
 """
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,14 @@ class KVStorage(ABC):
 
     @abstractmethod
     async def exists(self, keys: Sequence[str], timeout: float) -> list[bool]: ...
+
+    async def get_and_probe(self, get_keys: Sequence[str], probe_keys: Sequence[str],
+                            timeout: float) -> tuple[list[bytes | None], list[bool]]:
+        """`get(get_keys)` and `exists(probe_keys)` at once, so that a lookup which reads the
+        pages it expects and asks only whether the others exist costs one round trip."""
+        got, found = await asyncio.gather(self.get(get_keys, timeout),
+                                          self.exists(probe_keys, timeout))
+        return got, found
 
     @abstractmethod
     async def touch(self, keys: Sequence[str], timeout: float) -> None:

@@ -184,34 +184,54 @@ class StorageTier:
         return res
 
     async def _lookup(self, plan: FetchPlan) -> FetchResult:
-        keys, n_all = plan.keys, len(plan.keys)
-        name = self.keys.name
-        ask = [(FULL, i) for i in range(n_all) if not plan.local_full[i]]
-        if plan.local_swa is not None:
-            ask += [(SWA, i) for i in range(n_all) if not plan.local_swa[i]]
-        if not ask:
+        """The payloads that lengthen the plan's hit the most, in one round trip when the
+        longest hit is there: the first one reads every missing full page and the SWA window
+        before the last page (what a repeated prompt needs) and only probes the other SWA
+        pages; a shorter hit reads its own window in a second one. A full page read beyond a
+        shorter hit is wasted, but it is the rare case (a window evicted while its full KV
+        stayed)."""
+        keys, n_all, name = plan.keys, len(plan.keys), self.keys.name
+        swa_local = plan.local_swa
+        ask_f = [i for i in range(n_all) if not plan.local_full[i]]
+        ask_s: list[int] = []
+        probe_s: list[int] = []
+        if swa_local is not None:
+            optimistic = set(window_of(n_all, self.W, self.P))
+            for i in range(n_all):
+                if not swa_local[i]:
+                    (ask_s if i in optimistic else probe_s).append(i)
+        if not ask_f and not ask_s and not probe_s:
             return FetchResult()
-        found = await self.storage.exists([name(k, keys[i]) for k, i in ask], self.timeout)
-        have = {ki for ki, ok in zip(ask, found) if ok}
-        got: dict[tuple[str, bytes], bytes] = {}
-        for _ in range(2):      # again if entries vanished between exists and get
-            full_ok = [plan.local_full[i] or (FULL, i) in have for i in range(n_all)]
-            swa_ok = (None if plan.local_swa is None else
-                      [plan.local_swa[i] or (SWA, i) in have for i in range(n_all)])
+        want = [(FULL, i) for i in ask_f] + [(SWA, i) for i in ask_s]
+        blobs, found = await self.storage.get_and_probe(
+            [name(k, keys[i]) for k, i in want], [name(SWA, keys[i]) for i in probe_s],
+            self.timeout)
+        got: dict[tuple[str, int], bytes] = {}
+        self._keep(want, blobs, got)
+        have_s = {i for i, ok in zip(probe_s, found) if ok}
+        for _ in range(2):      # again if entries vanished between the probe and the read
+            full_ok = [plan.local_full[i] or (FULL, i) in got for i in range(n_all)]
+            swa_ok = (None if swa_local is None else
+                      [swa_local[i] or (SWA, i) in got or i in have_s for i in range(n_all)])
             n = best_hit(full_ok, swa_ok, self.W, self.P, plan.floor)
             if n <= plan.floor:
                 return FetchResult()
-            want = [(FULL, i) for i in range(n) if not plan.local_full[i]]
-            if plan.local_swa is not None:
-                want += [(SWA, i) for i in window_of(n, self.W, self.P)
-                         if not plan.local_swa[i]]
-            want = [w for w in want if (w[0], keys[w[1]]) not in got]
-            blobs = await self.storage.get([name(k, keys[i]) for k, i in want], self.timeout)
-            for (k, i), blob in zip(want, blobs):
-                if blob is not None and len(blob) == self.io[k].row_bytes:
-                    got[(k, keys[i])] = blob
-                else:
-                    have.discard((k, i))
-            if all((k, keys[i]) in got for k, i in want):
-                return FetchResult(n, got)
+            win: set[int] = set()
+            need: list[tuple[str, int]] = []
+            if swa_local is not None:
+                win = set(window_of(n, self.W, self.P))
+                need = [(SWA, i) for i in sorted(win)
+                        if not swa_local[i] and (SWA, i) not in got]
+            if not need:
+                return FetchResult(n, {(k, keys[i]): b for (k, i), b in got.items()
+                                       if (i < n if k == FULL else i in win)})
+            blobs = await self.storage.get([name(k, keys[i]) for k, i in need], self.timeout)
+            self._keep(need, blobs, got)
+            have_s -= {i for (_, i) in need if (SWA, i) not in got}
         return FetchResult()
+
+    def _keep(self, want: list[tuple[str, int]], blobs: list[bytes | None],
+              got: dict[tuple[str, int], bytes]) -> None:
+        for w, blob in zip(want, blobs):
+            if blob is not None and len(blob) == self.io[w[0]].row_bytes:
+                got[w] = blob
