@@ -34,7 +34,9 @@ def _head(hf, kind: str) -> torch.Tensor:
     # top alternatives are well defined.
     g = torch.Generator().manual_seed(11)
     out = torch.randn(w.shape, generator=g) * 0.004
-    out[7], out[9] = w[7], -w[7]
+    # "sharp": large enough to dominate a sampled draw too, so sampled drafts get accepted.
+    scale = 20.0 if kind == "sharp" else 1.0
+    out[7], out[9] = scale * w[7], -scale * w[7]
     return out
 
 
@@ -61,7 +63,7 @@ def _reference(hf, head, prompt: list[int], out: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits.float(), dim=-1)
 
 
-def _check_against_reference(lps, ref: torch.Tensor, out: list[int]) -> None:
+def _check_against_reference(lps, ref: torch.Tensor, out: list[int], greedy=True) -> None:
     assert [x.token for x in lps] == out
     for i, x in enumerate(lps):
         assert x.logprob == pytest.approx(float(ref[i, x.token]), abs=1e-4)
@@ -70,7 +72,8 @@ def _check_against_reference(lps, ref: torch.Tensor, out: list[int]) -> None:
         assert [v for _, v in x.top] == pytest.approx(want, abs=1e-4)
         for t, v in x.top:
             assert v == pytest.approx(float(ref[i, t]), abs=1e-4)
-        assert x.top[0][0] == x.token            # greedy picks the top one
+        if greedy:
+            assert x.top[0][0] == x.token        # greedy picks the top one
 
 
 @pytest.mark.parametrize("head_kind", ["random", "two_rows"])
@@ -104,6 +107,22 @@ def test_mtp_logprobs_equal_plain_decoding_and_a_plain_forward(hf_model, head_ki
         # Verify steps that keep drafts really happen: the logprobs of accepted drafts come
         # from the verify forward's later rows.
         assert t.accepted[0] >= 10 and t.accepted[1] >= 3, (t.drafted, t.accepted)
+
+
+def test_sampled_mtp_logprobs_are_the_targets(hf_model):
+    """Sampled requests verify MTP drafts by rejection sampling: the reported logprobs are
+    still the target's raw distribution at each emitted token (a plain forward's), accepted
+    drafts included."""
+    head = _head(hf_model, "sharp")
+    on = LLM("tiny", loaded=_loaded(hf_model, head), speculative="mtp", num_draft_tokens=K,
+             **OPTS)
+    prompts = [{"prompt_token_ids": p} for p in _prompts(8)]
+    params = [SamplingParams(temperature=0.8, max_tokens=20, ignore_eos=True, seed=i,
+                             logprobs=TOP) for i in range(len(prompts))]
+    for p, g in zip(prompts, on.generate(prompts, params)):
+        _check_against_reference(g.logprobs, _reference(hf_model, head, p["prompt_token_ids"],
+                                                        g.token_ids), g.token_ids, greedy=False)
+    assert sum(on.engine.spec.totals.accepted) >= 10
 
 
 def test_logprobs_off_leaves_the_field_empty(hf_model):
