@@ -175,3 +175,28 @@ def test_logprobs_are_the_raw_distribution_with_and_without_mtp(servers, tokeniz
                                                                    abs=1e-3)
         else:
             assert c.logprob == pytest.approx(0.0, abs=1e-3)
+
+
+def test_multi_turn_after_a_tool_result(any_server, tokenizer):
+    """The turn after a tool result (where the thinking block has leaked into `content`
+    elsewhere): the assistant message sent back as the client got it (reasoning_content
+    included), then the result; the next answer's block is reasoning again, its call found."""
+    import httpx
+    client = _client(any_server)
+    first = _ask(client, tokenizer, "after", tools=TOOLS).choices[0].message
+    call = first.tool_calls[0]
+    history = ASK + [first.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id,
+                      "content": json.dumps({"temperature": 21, "sky": "clear"})}]
+    r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
+                                       max_tokens=64, temperature=0,
+                                       logit_bias=fm.ban_for(tokenizer, "inside"))
+    msg = r.choices[0].message
+    reasoning, content, calls = WANT["inside"]
+    assert (msg.reasoning_content, msg.content, _calls(msg)) == (reasoning, content, calls)
+    # What the model saw: the first call and its result, in the template's turns (/tokenize
+    # renders the messages alone; generation adds the tool list to the system turn).
+    ids = httpx.post(any_server.url + "/tokenize", json={"messages": history}).json()["tokens"]
+    text = httpx.post(any_server.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
+    assert '"temperature": 21' in text and '"city": "Paris"' in text
+    assert r.usage.prompt_tokens > len(ids)
