@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
+from typing import Protocol
 
 import numpy as np
 
@@ -48,6 +49,15 @@ from .radix_node import NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node, Tr
 from .retention import RetentionPolicy, window_first_page
 
 MODES = ("hybrid", "full-kv", "off")
+
+
+class TreeListener(Protocol):
+    """Told what enters and leaves the tree, on the thread that changes it."""
+    def inserted(self, tokens, namespace: Hashable) -> None:
+        """After an insert: the path equal to `tokens` holds what it will serve now."""
+
+    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+        """Just before eviction frees these local pages of `node` (its keys still valid)."""
 
 
 class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
@@ -80,10 +90,27 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
         self._heap_cap = 65536                  # compact a heap that grows past this
         # Called with (node, local full pages, local SWA pages) just before eviction frees
         # them, while their KV is still intact: a lower tier copies them down (write-back).
-        self.on_evict: Callable[[Node, list[int], list[int]], None] | None = None
+        self._evict_slot: Callable[[Node, list[int], list[int]], None] | None = None
+        # Observers of what the tree holds beside that slot (the router's cache publishing,
+        # kvcache/cache_events.py): told of every insert and, after the slot, every eviction.
+        self.listeners: list[TreeListener] = []
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0,
                              cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
+
+    @property
+    def on_evict(self) -> Callable[[Node, list[int], list[int]], None] | None:
+        return self._fan_evict if self.listeners else self._evict_slot
+
+    @on_evict.setter
+    def on_evict(self, fn: Callable[[Node, list[int], list[int]], None] | None) -> None:
+        self._evict_slot = fn
+
+    def _fan_evict(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+        if self._evict_slot is not None:
+            self._evict_slot(node, full_idx, swa_idx)
+        for li in self.listeners:
+            li.evicted(node, full_idx, swa_idx)
 
     def owns_full(self, page: int) -> bool:
         """Whether the tree holds this full page (a request must never free it)."""
@@ -403,4 +430,6 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
         dup_full = [p for p, o in zip(full_pages, self._own_f[list(full_pages)]) if not o]
         dup_swa = ([s for s, o in zip(caller_swa, self._own_s[caller_swa]) if not o]
                    if self.hybrid else caller_swa)
+        for li in self.listeners:
+            li.inserted(toks, namespace)
         return InsertResult(dup_full, dup_swa, remap, max(q_end, mq) * P)

@@ -1,0 +1,212 @@
+"""A worker's side of the cache-aware router (issue 17): its cache state and load, in Redis.
+
+On the server's event loop, the publisher
+- registers the worker (its advertised URL) in the routing set and starts a new
+  *incarnation*: a fresh id whose page sets start empty, the previous incarnation's deleted.
+  A restarted worker is never credited with the prefixes its old process held;
+- writes the tree's changes (kvcache/cache_events.TreeMirror) to that incarnation's two page
+  sets (full KV held, SWA live), woken by every change so a conversation's next turn finds
+  its previous turn published (one loopback round trip after the insert, well before the
+  client has read the answer and sent the next request);
+- sends a heartbeat every `interval` seconds with a TTL of `ttl`: the incarnation, the key
+  fingerprint and page size, the window and cache mode the router predicts matches with,
+  and the load (uncached prompt tokens queued and running). The page sets' TTL is renewed
+  with it, so a dead worker's sets go away by themselves.
+A Redis error loses nothing: the publisher retries with a back-off, and once Redis answers
+again it rewrites the page sets whole from the mirror (changes made meanwhile included).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any
+
+from ..kvcache import cache_events as ce
+from ..kvcache.tiers.keys import FULL, SWA, KeyChain
+
+log = logging.getLogger("mimo.router.publish")
+
+_CHUNK = 2000       # members per SADD / SREM
+
+
+def open_redis(url: str):
+    """redis.asyncio client for redis://... or a cluster client for redis-cluster://H:P,..."""
+    if url.startswith("redis-cluster://"):
+        from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+        from ..kvcache.tiers.redis_cluster_store import parse_cluster_url
+        nodes, user, password = parse_cluster_url(url)
+        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes],
+                            username=user, password=password, socket_timeout=1.0,
+                            socket_connect_timeout=1.0)
+    import redis.asyncio as aredis
+    return aredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+
+
+def engine_keys(engine) -> KeyChain:
+    """The tiers' KeyChain when the engine has tiers (the same keys as L3), else one from the
+    same fingerprint recipe."""
+    keys = getattr(engine.cache, "keys", None)
+    if isinstance(keys, KeyChain):
+        return keys
+    from ..kvcache.tiers.build import weights_identity
+    from ..kvcache.tiers.keys import model_fingerprint
+    fp = model_fingerprint(engine.model_config.arch,
+                           weights_identity(engine.model.state_dict().items()),
+                           engine.pool.layout, engine.pool.page_size,
+                           engine.config.runtime.dtype)
+    return KeyChain(fp, engine.pool.page_size)
+
+
+class CachePublisher:
+    def __init__(self, engine, redis_url: str, url: str, interval: float = 0.5,
+                 ttl: float = 3.0):
+        self.engine, self.redis_url, self.url = engine, redis_url, url
+        self.interval, self.ttl = interval, ttl
+        self.incarnation = uuid.uuid4().hex[:16]
+        tree = getattr(engine.cache, "tree", None)
+        self.mode = "off" if tree is None else tree.mode
+        self.keys = engine_keys(engine)
+        self.mirror = ce.TreeMirror(tree, self.keys) if tree is not None else None
+        self.window = engine.pool.window if engine.pool.hybrid else 0
+        self.rebuild = tree.rebuild if tree is not None else 0
+        self.errors = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._client: Any = None
+        self._started = False           # the incarnation is registered
+        self._resync = True             # the page sets must be rewritten whole
+        self._last_load = 0
+
+    # ---- lifecycle --------------------------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.mirror is not None:
+            self.mirror.on_change = lambda: loop.call_soon_threadsafe(self._wake.set)
+        self._task = loop.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._client is not None:
+            try:        # a graceful leave: routers drop this worker at once
+                await asyncio.wait_for(self._client.delete(ce.heartbeat_key(self.url)), 1.0)
+            except Exception:  # noqa: BLE001 - Redis away: the TTL does it
+                pass
+            await self._close()
+
+    async def _close(self) -> None:
+        c, self._client = self._client, None
+        if c is not None:
+            try:
+                await c.aclose()
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def _run(self) -> None:
+        backoff, next_hb = 0.1, 0.0
+        while True:
+            try:
+                if self._client is None:
+                    self._client = open_redis(self.redis_url)
+                if not self._started:
+                    await self._begin()
+                if self._resync:
+                    await self._write_all()
+                else:
+                    await self._flush()
+                if time.monotonic() >= next_hb:
+                    await self._heartbeat()
+                    next_hb = time.monotonic() + self.interval
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - Redis away or failing: retry, resync
+                self.errors += 1
+                self._resync = True
+                log.warning("router state: %r; retrying in %.1f s", e, backoff)
+                await self._close()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(next_hb - time.monotonic(), 0))
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    # ---- Redis writes -----------------------------------------------------------------
+    async def _begin(self) -> None:
+        c = self._client
+        old = await c.get(ce.incarnation_key(self.url))
+        if old is not None:
+            old = old.decode()
+            await c.delete(ce.pages_key(old, FULL))
+            await c.delete(ce.pages_key(old, SWA))
+        await c.set(ce.incarnation_key(self.url), self.incarnation)
+        self._started = True
+
+    async def _write_all(self) -> None:
+        snap = self.mirror.snapshot() if self.mirror is not None else {FULL: [], SWA: []}
+        c = self._client
+        await c.sadd(ce.WORKERS, self.url)     # again after Redis lost its data
+        for kind in (FULL, SWA):
+            name = ce.pages_key(self.incarnation, kind)
+            await c.delete(name)
+            members = snap[kind]
+            for i in range(0, len(members), _CHUNK):
+                await c.sadd(name, *members[i:i + _CHUNK])
+        self._resync = False
+
+    async def _flush(self) -> None:
+        if self.mirror is None:
+            return
+        delta = self.mirror.drain()
+        if not delta:
+            return
+        ops: dict[tuple[str, bool], list[bytes]] = {}
+        for (kind, key), present in delta.items():
+            ops.setdefault((kind, present), []).append(key)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for (kind, present), members in ops.items():
+                name = ce.pages_key(self.incarnation, kind)
+                for i in range(0, len(members), _CHUNK):
+                    part = members[i:i + _CHUNK]
+                    pipe.sadd(name, *part) if present else pipe.srem(name, *part)
+            await pipe.execute()
+        except BaseException:
+            self._resync = True     # this delta is lost from Redis: rewrite everything
+            raise
+
+    def load(self) -> dict:
+        """Uncached prompt tokens waiting and still to prefill, read across threads: a list
+        copy of the engine's state can race its changes, then the last value stands."""
+        sched = self.engine.scheduler
+        try:
+            waiting = list(sched.waiting._since)
+            running = list(sched.running)
+            tokens = sum(max(len(s.prompt_ids) - s.cached_tokens, 0) for s in waiting)
+            tokens += sum(max(s.prefill_end - s.num_computed, 0) for s in running)
+            self._last_load = tokens
+        except RuntimeError:
+            waiting, running, tokens = [], [], self._last_load
+        return {"uncached_tokens": tokens, "waiting": len(waiting), "running": len(running)}
+
+    async def _heartbeat(self) -> None:
+        hb = {"incarnation": self.incarnation, "fingerprint": self.keys.fingerprint.hex(),
+              "page_size": self.keys.P, "window": self.window, "mode": self.mode,
+              "rebuild": self.rebuild,
+              "interval": self.interval, "time": time.time(), **self.load()}
+        c, ms = self._client, int(self.ttl * 1000)
+        pipe = c.pipeline(transaction=False)
+        pipe.set(ce.heartbeat_key(self.url), json.dumps(hb), px=ms)
+        await pipe.execute()
+        pipe = c.pipeline(transaction=False)
+        for kind in (FULL, SWA):
+            pipe.pexpire(ce.pages_key(self.incarnation, kind), ms * 20)
+        await pipe.execute()

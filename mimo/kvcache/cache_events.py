@@ -1,0 +1,130 @@
+"""What a worker's prefix tree holds, as page keys, for the cache-aware router (issue 17).
+
+`TreeMirror` listens to the radix tree (`RadixTree.listeners`) and keeps two sets of the
+tiers' chained page keys (tiers/keys.py): pages whose full KV the tree holds, and pages whose
+SWA KV is live. Those two sets decide exactly what a match would return: the key chain makes
+a key name its whole prefix, so the run of leading keys present is the token-equal path, and
+the L1 rule (full KV of [0, n) and live SWA on the window before n: `tiers.hit_plan.best_hit`)
+gives the window-safe length `RadixTree.match` would cut it to. The router reads the sets
+from Redis and applies the same rule (`mimo.router.predict`).
+
+Changes are coalesced in `delta` (key -> present or not) until the publisher drains them
+(engine/cache_publisher.py); `snapshot` gives the whole state for a resync after Redis was
+away. Listener calls come from the engine thread, drains from the event loop: one lock.
+
+Redis names live here too (one place for the worker and the router). Every router key shares
+the hash tag {mimo:rt} (one Redis Cluster slot: heartbeats, membership, in-flight counts,
+read together); each worker incarnation's page sets share their own tag, so the bulky part
+spreads over a cluster.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+
+from .radix_node import Node
+from .radix_tree import RadixTree
+from .tiers.keys import FULL, SWA, KeyChain
+
+PREFIX = "{mimo:rt}"
+WORKERS = PREFIX + ":workers"                 # set: worker URLs in the routing set
+ROUTERS = PREFIX + ":routers"                 # zset: router id -> last seen (ms)
+
+
+def heartbeat_key(url: str) -> str:
+    return f"{PREFIX}:hb:{url}"
+
+
+def incarnation_key(url: str) -> str:
+    """The worker's last incarnation (no TTL): a restart deletes that one's page sets."""
+    return f"{PREFIX}:inc:{url}"
+
+
+def inflight_key(router_id: str) -> str:
+    return f"{PREFIX}:fl:{router_id}"
+
+
+def pages_key(incarnation: str, kind: str) -> str:
+    return f"{{mimo:pk:{incarnation}}}:{kind}"
+
+
+class TreeMirror:
+    def __init__(self, tree: RadixTree, keys: KeyChain):
+        self.tree, self.keys = tree, keys
+        self.hybrid = tree.hybrid
+        self.sets: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
+        self.delta: dict[tuple[str, bytes], bool] = {}
+        self.lock = threading.Lock()
+        self._ns: dict[int, Hashable] = {}
+        # Called on the engine thread after a change: wakes the publisher.
+        self.on_change: Callable[[], object] | None = None
+        tree.listeners.append(self)
+
+    # ---- TreeListener --------------------------------------------------------------------
+    def inserted(self, tokens, namespace: Hashable) -> None:
+        changed = False
+        with self.lock:
+            for node, k in self.tree.path_nodes(tokens, namespace):
+                keys = self._node_keys(node)
+                for i in range(k):
+                    changed |= self._set(FULL, keys[i], True)
+                    if self.hybrid:
+                        assert node.swa is not None
+                        changed |= self._set(SWA, keys[i], node.swa[i] >= 0)
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+        keys = self._node_keys(node)
+        with self.lock:
+            for i in full_idx:
+                self._set(FULL, keys[i], False)
+                self._set(SWA, keys[i], False)
+            for i in swa_idx:
+                self._set(SWA, keys[i], False)
+        if self.on_change is not None:
+            self.on_change()
+
+    # ---- the publisher's side ------------------------------------------------------------
+    def drain(self) -> dict[tuple[str, bytes], bool]:
+        with self.lock:
+            d, self.delta = self.delta, {}
+        return d
+
+    def snapshot(self) -> dict[str, list[bytes]]:
+        """The whole state; pending changes are part of it (and dropped from `delta`)."""
+        with self.lock:
+            self.delta = {}
+            return {k: list(v) for k, v in self.sets.items()}
+
+    # ---- helpers ---------------------------------------------------------------------------
+    def _set(self, kind: str, key: bytes, present: bool) -> bool:
+        s = self.sets[kind]
+        if (key in s) == present:
+            return False
+        if present:
+            s.add(key)
+        else:
+            s.discard(key)
+        self.delta[(kind, key)] = present
+        return True
+
+    def _node_keys(self, node: Node) -> list[bytes]:
+        """The node's page keys, chained from its nearest ancestor that has them (the same
+        values and the same `Node.keys` slot as the tiers', from the same KeyChain)."""
+        chain, n = [], node
+        while n.parent is not None and n.keys is None:
+            chain.append(n)
+            n = n.parent
+        if n.parent is None:
+            if id(n) not in self._ns:
+                self._ns[id(n)] = self.tree.namespace_of(n)
+            prev = self.keys.root(self._ns[id(n)])
+        else:
+            assert n.keys is not None
+            prev = n.keys[-1]
+        for m in reversed(chain):
+            m.keys = self.keys.extend(prev, m.tokens)
+            prev = m.keys[-1]
+        assert node.keys is not None
+        return node.keys

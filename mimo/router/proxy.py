@@ -1,0 +1,165 @@
+"""Forwarding one generation request: pick, send, retry before the first byte, pass through.
+
+A request is retried on the next choice (the failed worker excluded and marked down) while
+nothing has reached the client: a non-streamed request whenever its worker fails (the router
+holds the whole answer until it arrives), a streamed one until the worker's first chunk.
+Once a stream is under way, a worker failure ends it with one SSE error event in the shape
+the workers use (`{"error": {...}}`), and no [DONE]. Worker answers that are not 200 (a 400
+for a bad body, a 503 when it is full) are passed through as they are.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .router import Decision, NoWorker, Router
+
+log = logging.getLogger("mimo.router")
+
+PASS_HEADERS = ("authorization", "content-type", "accept", "openai-organization",
+                "openai-project", "x-request-id")
+
+
+def error_json(status: int, message: str, type_: str, code: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": type_, "param": None,
+                                   "code": code}}, status_code=status)
+
+
+def _sse_error(message: str) -> bytes:
+    body = {"error": {"message": message, "type": "server_error", "param": None,
+                      "code": "worker_failed"}}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+def _cached_tokens(usage) -> int | None:
+    if not isinstance(usage, dict):
+        return None
+    d = usage.get("prompt_tokens_details")
+    return d.get("cached_tokens") if isinstance(d, dict) else None
+
+
+class Forwarder:
+    def __init__(self, router: Router):
+        self.r = router
+
+    def _account(self, d: Decision, status: int, cached: int | None) -> None:
+        m = self.r.metrics
+        m.requests.labels(d.url, str(status)).inc()
+        m.prompt.labels(d.url).inc(d.prompt_len)
+        m.predicted.labels(d.url).inc(d.predicted)
+        if cached is not None:
+            m.actual.labels(d.url).inc(cached)
+            m.measured_predicted.labels(d.url).inc(d.predicted)
+
+    async def forward(self, request, kind: str, path: str) -> Response:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        stream = isinstance(body, dict) and bool(body.get("stream"))
+        headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
+        ids = await self.r.tokenize(kind, body)
+        tried: set[str] = set()
+        for _ in range(self.r.cfg.retries + 1):
+            try:
+                d = await self.r.decide_ids(ids, frozenset(tried))
+            except NoWorker:
+                break
+            tried.add(d.url)
+            await self.r.begin(d)
+            done = Done(self.r, d)
+            try:
+                req = self.r.http.build_request("POST", d.url + path, content=raw,
+                                                headers=headers)
+                resp = await self.r.http.send(req, stream=True)
+                done.resp = resp
+                if not stream or resp.status_code != 200:
+                    data = await resp.aread()
+                    self._account(d, resp.status_code, self._usage_of(data))
+                    return Response(data, resp.status_code, media_type=resp.headers.get(
+                        "content-type", "application/json"))
+                it = resp.aiter_raw()
+                try:
+                    first = await it.__anext__()
+                except StopAsyncIteration:
+                    first = b""
+                relay = self._relay(d, done, it, first)
+                done.streaming = True     # the stream's end finishes it from here
+                return StreamingResponse(relay, media_type="text/event-stream",
+                                         background=BackgroundTask(done.finish))
+            except (httpx.TransportError, httpx.StreamError) as e:
+                if isinstance(e, httpx.ReadTimeout):
+                    self._account(d, 504, None)
+                    return error_json(504, f"worker {d.url} did not answer in time",
+                                      "server_error", "worker_timeout")
+                log.warning("worker %s failed before answering (%r): retrying", d.url, e)
+                self.r.mark_down(d.url)
+                self.r.metrics.retries.labels(d.url).inc()
+            finally:
+                if not done.streaming:
+                    await done.finish()
+        return error_json(503, "no worker could take the request", "server_error",
+                          "no_worker")
+
+    @staticmethod
+    def _usage_of(data: bytes) -> int | None:
+        try:
+            return _cached_tokens(json.loads(data).get("usage"))
+        except (ValueError, AttributeError):
+            return None
+
+    async def _relay(self, d: Decision, done: Done, it, first: bytes):
+        cached = None
+        status = 200
+        try:
+            chunk = first
+            while True:
+                if chunk:
+                    if cached is None and b'"cached_tokens"' in chunk:
+                        cached = _stream_usage(chunk)
+                    yield chunk
+                chunk = await it.__anext__()
+        except StopAsyncIteration:
+            pass
+        except (httpx.TransportError, httpx.StreamError) as e:
+            status = 502
+            self.r.mark_down(d.url)
+            self.r.metrics.stream_errors.labels(d.url).inc()
+            log.warning("worker %s broke a stream under way: %r", d.url, e)
+            yield _sse_error(f"the worker serving this stream failed: {type(e).__name__}")
+        finally:
+            self._account(d, status, cached)
+            await done.finish()
+
+
+class Done:
+    """Ends a forwarded request exactly once (the stream's end, its background task or a
+    failed attempt): closes the worker's response and takes it out of the in-flight count."""
+    def __init__(self, router: Router, d: Decision):
+        self.r, self.d = router, d
+        self.resp = None
+        self.streaming = False
+        self._done = False
+
+    async def finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        if self.resp is not None:
+            await self.resp.aclose()
+        await self.r.end(self.d)
+
+
+def _stream_usage(chunk: bytes) -> int | None:
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data: {") and b'"cached_tokens"' in line:
+            try:
+                return _cached_tokens(json.loads(line[6:]).get("usage"))
+            except ValueError:
+                return None
+    return None

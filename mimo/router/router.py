@@ -1,0 +1,208 @@
+"""Router: the routing set, the decision for one request, and the background loops.
+
+The routing set is the workers in Redis (`--worker` URLs are added at start; workers that
+publish add themselves; /router/workers adds and removes) or, without Redis, the `--worker`
+list; a worker is routed to while its /health answers 200 (checked every health_interval,
+and dropped at once when a request to it fails). Decisions: `policy.choose` over the state
+read from Redis; `policy.fallback` when Redis is away or absent.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import itertools
+import logging
+from array import array
+from dataclasses import dataclass
+
+import httpx
+
+from ..kvcache.tiers.keys import KeyChain
+from . import policy
+from .config import RouterConfig
+from .metrics import RouterMetrics
+from .state import RouterState, StateUnavailable
+
+log = logging.getLogger("mimo.router")
+
+HASH_PAGE = 16      # tokens per page of the fallback's key (no heartbeat tells the real one)
+
+
+class NoWorker(Exception):
+    """No healthy worker is left to try."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    url: str
+    predicted: int
+    prompt_len: int
+    how: str
+    score: float = 0.0
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig, prompts=None):
+        self.cfg = cfg
+        self.prompts = prompts              # PromptBuilder, or None: load-only decisions
+        self.metrics = RouterMetrics()
+        self.state = RouterState(cfg.redis, cfg.router_id, cfg.redis_timeout) if cfg.redis else None
+        self.members: list[str] = list(cfg.workers)
+        self.healthy: dict[str, bool] = {w: True for w in cfg.workers}
+        self.inflight: dict[str, int] = {}
+        self._rr = itertools.count()
+        self._tasks: list[asyncio.Task] = []
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout, connect=3.0),
+                                      limits=httpx.Limits(max_connections=2048,
+                                                          max_keepalive_connections=256))
+        self._probe = httpx.AsyncClient(timeout=2.0)
+
+    # ---- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.state is not None:
+            try:
+                for w in self.cfg.workers:
+                    await self.state.add_worker(w)
+            except StateUnavailable as e:
+                log.warning("Redis unavailable at start (%s): routing locally", e)
+        await self.refresh()
+        self._tasks = [asyncio.create_task(self._loop())]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.http.aclose()
+        await self._probe.aclose()
+        if self.state is not None:
+            await self.state.close()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval)
+            try:
+                await self.refresh()
+            except Exception as e:  # noqa: BLE001 - the loop must outlive any one failure
+                log.warning("router refresh failed: %r", e)
+
+    async def refresh(self) -> None:
+        """Membership from Redis, /health of every member, and this replica's in-flight
+        counts renewed there (rewritten whole after an outage: the catch-up)."""
+        if self.state is not None:
+            try:
+                await self.state.sync(self.inflight)
+                members = await self.state.members()
+                self.members = sorted(members | ({w for w in self.cfg.workers}
+                                                 if not members else set()))
+            except StateUnavailable:
+                pass
+            self._count_redis_errors()
+        ok = await asyncio.gather(*(self._health(w) for w in self.members))
+        self.healthy = dict(zip(self.members, ok))
+        for w, up in self.healthy.items():
+            self.metrics.up.labels(w).set(1 if up else 0)
+
+    async def _health(self, url: str) -> bool:
+        try:
+            return (await self._probe.get(url + "/health")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _count_redis_errors(self) -> None:
+        if self.state is None:
+            return
+        for op, n in self.state.errors.items():
+            self.metrics.redis_errors.labels(op).inc(n)
+        self.state.errors.clear()
+
+    def mark_down(self, url: str) -> None:
+        self.healthy[url] = False
+        self.metrics.up.labels(url).set(0)
+
+    async def add_worker(self, url: str) -> None:
+        if self.state is not None:
+            await self.state.add_worker(url)
+        if url not in self.members:
+            self.members.append(url)
+        self.healthy[url] = await self._health(url)
+
+    async def remove_worker(self, url: str) -> None:
+        if self.state is not None:
+            await self.state.remove_worker(url)
+        if url in self.members:
+            self.members.remove(url)
+        self.healthy.pop(url, None)
+
+    # ---- in-flight ----------------------------------------------------------------------
+    async def begin(self, d: Decision) -> None:
+        self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
+        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
+        await self._inflight_add(d.url, 1)
+
+    async def end(self, d: Decision) -> None:
+        self.inflight[d.url] = self.inflight.get(d.url, 0) - 1
+        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
+        await self._inflight_add(d.url, -1)
+
+    async def _inflight_add(self, url: str, n: int) -> None:
+        if self.state is not None and not self.state.need_sync:
+            try:
+                await self.state.inflight_add(url, n)
+            except StateUnavailable:
+                self._count_redis_errors()
+
+    # ---- decisions ----------------------------------------------------------------------
+    async def tokenize(self, kind: str, body) -> list[int] | None:
+        """The prompt's token ids, as the workers would build them (None: not known)."""
+        if self.prompts is None or self.cfg.policy != "cache-aware":
+            return None
+        return await asyncio.to_thread(self.prompts.prompt_ids, kind, body)
+
+    async def decide(self, kind: str, body, exclude: frozenset[str] = frozenset()) -> Decision:
+        return await self.decide_ids(await self.tokenize(kind, body), exclude)
+
+    async def decide_ids(self, ids: list[int] | None,
+                         exclude: frozenset[str] = frozenset()) -> Decision:
+        live = [w for w in self.members if self.healthy.get(w) and w not in exclude]
+        if not live:
+            raise NoWorker("no healthy worker")
+        n = len(ids) if ids else 0
+        if self.cfg.policy == "round-robin":
+            self.metrics.decisions.labels("round-robin").inc()
+            return Decision(live[next(self._rr) % len(live)], 0, n, "round-robin")
+        head = ids[:self.cfg.fallback_pages * HASH_PAGE] if ids else []
+        tie = hashlib.blake2b(array("q", head).tobytes(), digest_size=16).digest()
+        if self.state is not None:
+            try:
+                return self._score(ids or [], live, tie, *await self.state.read(
+                    live, self._keys_for(ids or [])))
+            except StateUnavailable:
+                self._count_redis_errors()
+        self.metrics.decisions.labels("fallback").inc()
+        return Decision(policy.fallback(tie, live, self.inflight), 0, n, "fallback")
+
+    @staticmethod
+    def _keys_for(ids: list[int]):
+        cache: dict = {}
+
+        def keys(fp: bytes, page: int) -> list[bytes]:
+            if (fp, page) not in cache:
+                n = policy.prompt_pages(len(ids), page)
+                cache[(fp, page)] = KeyChain(fp, page).page_keys(ids[:n * page]) if n else []
+            return cache[(fp, page)]
+        return keys
+
+    def _score(self, ids, live, tie, snap, pages) -> Decision:
+        cands = []
+        for w in live:
+            hb = snap.heartbeats.get(w)
+            pred = 0
+            if hb is not None and w in pages:
+                full_ok, swa_ok = pages[w]
+                pred = policy.predicted_tokens(full_ok, swa_ok if hb.mode == "hybrid" else None,
+                                               hb.window, hb.page_size, hb.rebuild)
+            queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
+            cands.append(policy.Candidate(w, pred, snap.inflight.get(w, 0) + queued))
+        c = policy.choose(cands, len(ids), self.cfg.match_weight, tie)
+        self.metrics.decisions.labels("score").inc()
+        return Decision(c.url, c.predicted, len(ids), "score", c.score)

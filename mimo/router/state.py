@@ -1,0 +1,151 @@
+"""The routers' shared state in Redis (names: kvcache/cache_events.py).
+
+What one decision reads, in two round trips: the workers' heartbeats and the live routers
+(one hash slot), then every live router's in-flight counts and, per worker, which of the
+prompt's page keys its current incarnation holds (full KV, live SWA). Every replica reads the
+same keys, so replicas on one Redis decide alike; nothing that matters lives in a router.
+
+In-flight requests: each router keeps its own counts (authoritative) and mirrors them in a
+hash with a TTL, so a router that dies stops counting after the TTL. Per request it sends an
+HINCRBY; after Redis was away it rewrites the hash whole (`sync`), which is the catch-up.
+Any Redis failure raises `StateUnavailable`; the router then decides locally.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+from ..engine.cache_publisher import open_redis
+from ..kvcache import cache_events as ce
+from ..kvcache.tiers.keys import FULL, SWA
+
+ROUTER_TTL_MS = 10_000
+
+
+class StateUnavailable(Exception):
+    """Redis did not answer in time or failed."""
+
+
+@dataclass
+class Heartbeat:
+    incarnation: str
+    fingerprint: bytes
+    page_size: int
+    window: int
+    mode: str
+    uncached_tokens: int = 0
+    waiting: int = 0
+    running: int = 0
+    rebuild: int = 0
+
+    @classmethod
+    def parse(cls, raw: bytes) -> Heartbeat:
+        d = json.loads(raw)
+        return cls(d["incarnation"], bytes.fromhex(d["fingerprint"]), int(d["page_size"]),
+                   int(d["window"]), d["mode"], int(d.get("uncached_tokens", 0)),
+                   int(d.get("waiting", 0)), int(d.get("running", 0)),
+                   int(d.get("rebuild", 0)))
+
+
+@dataclass
+class Snapshot:
+    heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
+    inflight: dict[str, int] = field(default_factory=dict)   # all routers, per worker
+
+
+class RouterState:
+    def __init__(self, url: str, router_id: str, timeout: float):
+        self.url, self.id, self.timeout = url, router_id, timeout
+        self.client = open_redis(url)
+        self.errors: dict[str, int] = {}
+        self.need_sync = True
+
+    async def _run(self, op: str, coro):
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except Exception as e:  # noqa: BLE001 - every Redis failure is the same to a router
+            self.errors[op] = self.errors.get(op, 0) + 1
+            self.need_sync = True
+            raise StateUnavailable(f"{op}: {e!r}") from e
+
+    async def close(self) -> None:
+        try:
+            await self.client.aclose()
+        except Exception:  # noqa: BLE001
+            pass
+
+    # ---- membership --------------------------------------------------------------------
+    async def members(self) -> set[str]:
+        raw = await self._run("members", self.client.smembers(ce.WORKERS))
+        return {m.decode() for m in raw}
+
+    async def add_worker(self, url: str) -> None:
+        await self._run("members", self.client.sadd(ce.WORKERS, url))
+
+    async def remove_worker(self, url: str) -> None:
+        await self._run("members", self.client.srem(ce.WORKERS, url))
+
+    # ---- one decision ------------------------------------------------------------------
+    async def read(self, workers: list[str], keys_by_fp) -> tuple[Snapshot, dict]:
+        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok)}). `keys_by_fp`:
+        fingerprint -> the prompt's page keys under it."""
+        return await self._run("read", self._read(workers, keys_by_fp))
+
+    async def _read(self, workers, keys_by_fp):
+        c, now = self.client, int(time.time() * 1000)
+        pipe = c.pipeline(transaction=False)
+        for w in workers:
+            pipe.get(ce.heartbeat_key(w))
+        pipe.zrangebyscore(ce.ROUTERS, now - ROUTER_TTL_MS, "+inf")
+        res = await pipe.execute()
+        snap = Snapshot()
+        for w, raw in zip(workers, res[:len(workers)]):
+            if raw is not None:
+                snap.heartbeats[w] = Heartbeat.parse(raw)
+        routers = [r.decode() for r in res[-1]]
+        pipe = c.pipeline(transaction=False)
+        for r in routers:
+            pipe.hgetall(ce.inflight_key(r))
+        asks = []
+        for w, hb in snap.heartbeats.items():
+            keys = keys_by_fp(hb.fingerprint, hb.page_size)
+            if keys and hb.mode != "off":
+                asks.append((w, len(keys)))
+                pipe.smismember(ce.pages_key(hb.incarnation, FULL), keys)
+                pipe.smismember(ce.pages_key(hb.incarnation, SWA), keys)
+        res = await pipe.execute() if routers or asks else []
+        for counts in res[:len(routers)]:
+            for w, n in counts.items():
+                snap.inflight[w.decode()] = snap.inflight.get(w.decode(), 0) + int(n)
+        pages = {}
+        rest = res[len(routers):]
+        for j, (w, _) in enumerate(asks):
+            pages[w] = ([bool(x) for x in rest[2 * j]], [bool(x) for x in rest[2 * j + 1]])
+        return snap, pages
+
+    # ---- in-flight ---------------------------------------------------------------------
+    async def inflight_add(self, worker: str, n: int) -> None:
+        await self._run("inflight", self.client.hincrby(ce.inflight_key(self.id), worker, n))
+
+    async def sync(self, local: dict[str, int]) -> None:
+        """Announce this router, renew its in-flight hash, and rewrite it whole after an
+        outage (increments sent while Redis was away are lost)."""
+        c, key = self.client, ce.inflight_key(self.id)
+
+        async def go():
+            if self.need_sync:
+                pipe = c.pipeline(transaction=False)
+                pipe.delete(key)
+                live = {w: n for w, n in local.items() if n}
+                if live:
+                    pipe.hset(key, mapping=live)
+                await pipe.execute()
+            pipe = c.pipeline(transaction=False)
+            pipe.pexpire(key, ROUTER_TTL_MS)
+            pipe.zadd(ce.ROUTERS, {self.id: int(time.time() * 1000)})
+            pipe.zremrangebyscore(ce.ROUTERS, "-inf", int(time.time() * 1000) - 6 * ROUTER_TTL_MS)
+            await pipe.execute()
+            self.need_sync = False
+        await self._run("sync", go())
