@@ -413,6 +413,10 @@ class ServerConfig:
     # ---- API (issue 19)
     body_read_timeout: float = 30.0          # seconds to receive a whole body (else 408)
     metrics_public: bool = False             # /metrics without the API key
+    # ---- router (issue 17): publish cache state and load for `python -m mimo.router`
+    router_redis: str | None = None          # redis://... or redis-cluster://...; None: off
+    advertise_url: str | None = None         # this server as routers reach it (default: host:port)
+    router_heartbeat: float = 0.5            # seconds between heartbeats (TTL: 6 of them)
 
     def __post_init__(self):
         if not self.body_read_timeout > 0:
@@ -427,3 +431,5 @@ class ServerConfig:
             raise ConfigError("embed_cache_bytes must be >= 0")
         if self.encoder_workers < 1:
             raise ConfigError(f"encoder_workers must be >= 1, not {self.encoder_workers}")
+        if not self.router_heartbeat > 0:
+            raise ConfigError("router_heartbeat must be > 0")

@@ -157,6 +157,16 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds a client has to send its whole request body (HTTP 408 after)")
     g.add_argument("--metrics-public", action="store_true",
                    help="serve /metrics without the --api-key (default: it needs the key too)")
+    r = p.add_argument_group("router (python -m mimo.router)")
+    r.add_argument("--router-redis", default=None, metavar="URL",
+                   help="publish this server's cache contents (page keys, SWA windows) and "
+                        "load to the routers' Redis: redis://HOST:PORT[/DB] or "
+                        "redis-cluster://HOST:PORT[,...] (default: off)")
+    r.add_argument("--advertise-url", default=None, metavar="URL",
+                   help="this server's URL as routers reach it (default http://HOST:PORT)")
+    r.add_argument("--router-heartbeat", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between heartbeats; a worker silent for 6 of them leaves "
+                        "the routing set (default 0.5)")
 
 
 def server_config(a: argparse.Namespace) -> ServerConfig:
@@ -168,4 +178,7 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         encoder_workers=a.encoder_workers,
                         # ---- API (issue 19)
                         body_read_timeout=a.body_read_timeout,
-                        metrics_public=a.metrics_public)
+                        metrics_public=a.metrics_public,
+                        # ---- router (issue 17)
+                        router_redis=a.router_redis, advertise_url=a.advertise_url,
+                        router_heartbeat=a.router_heartbeat)

@@ -54,6 +54,12 @@ class Server:
             f"{self.model_name}|{rt.dtype}|{rt.device}|{eng.config.spec.speculative}".encode()
         ).hexdigest()[:12]
         self.responder = Responder(self)
+        self.publisher = None       # cache state for the router (issue 17)
+        if cfg.router_redis:
+            from ..engine.cache_publisher import CachePublisher
+            self.publisher = CachePublisher(eng, cfg.router_redis, cfg.advertise_url or
+                                            f"http://{cfg.host}:{cfg.port}",
+                                            cfg.router_heartbeat, 6 * cfg.router_heartbeat)
 
     # ---- plumbing -------------------------------------------------------------------
     def _authorized(self, request) -> bool:
@@ -214,9 +220,13 @@ def build_app(server: Server) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         server.engine.start()
+        if server.publisher is not None:
+            server.publisher.start()
         try:
             yield
         finally:
+            if server.publisher is not None:
+                await server.publisher.stop()
             await server.pipeline.close(timeout=1.0)
             await server.engine.stop()
 
