@@ -7,10 +7,9 @@ tokenizer that adds each chunk of the texts as one token (chunks cut across the 
 the parser must hold partial tags back) and three rigged tensors: the chunks' embeddings
 are large orthogonal vectors (the random layers only perturb them), the final norm is 1,
 and lm_head maps each chunk's direction to its successors: a bigram chain (the MTP layers
-pass the embedding through, so they draft the same chain). Where the two
-texts share a chunk with different successors (`<think>`, `</think>`) both successors
-score the same; a request picks its text with `logit_bias` -100 on the chunks only the
-other text has (`ban_for`)."""
+pass the embedding through, so they draft the same chain). Where the two texts share a chunk
+with different successors (`<think>`, `</think>`) both successors score the same; a request
+picks its text with `logit_bias` -100 on the chunks only the other text has (`ban_for`)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,7 +21,7 @@ from mimo.models.tiny import mimo_v2_flash as tiny
 from mimo.models.tiny._common import byte_level_bpe, write_checkpoint
 
 THINK, END_THINK, IM_END = "<think>", "</think>", "<|im_end|>"
-START_ID = 203              # "\n" (byte-level "Ċ"): the generation prompt's last token
+START = "Ċ"                 # "\n" as a byte-level token: the generation prompt's last token
 
 # A call after the thinking block: get_weather(city="Paris", days=3).
 AFTER = [THINK, "The user wants", " the weather in Paris.", END_THINK, "\n\n<tool",
@@ -57,16 +56,16 @@ def token_ids(tok) -> dict[str, list[int]]:
     return out
 
 
-def _chains(ids: dict[str, list[int]]) -> dict[int, set[int]]:
+def _chains(ids: dict[str, list[int]], start: int) -> dict[int, set[int]]:
     """token -> its successors in either text (the start token leads to the first)."""
     succ: dict[int, set[int]] = {}
     for seq in ids.values():
-        for a, b in zip([START_ID] + seq[:-1], seq):
+        for a, b in zip([start] + seq[:-1], seq):
             succ.setdefault(a, set()).add(b)
     for seq in ids.values():
         # Within one text every token has one successor, and a fork is between tokens that
         # only one text has (so banning the other text's own tokens decides every fork).
-        nxt = dict(zip([START_ID] + seq[:-1], seq))
+        nxt = dict(zip([start] + seq[:-1], seq))
         assert len(nxt) == len(seq), "a token repeats within one text"
     only = {n: set(s) - set().union(*(o for m, o in ids.items() if m != n)) for n, s in ids.items()}
     for a, bs in succ.items():
@@ -87,7 +86,9 @@ def ban_for(tok, name: str) -> dict[str, int]:
 def write(out_dir: Path, seed: int = 0) -> None:
     tok = _tokenizer()
     ids = token_ids(tok)
-    succ = _chains(ids)
+    start = tok.token_to_id(START)
+    assert tok.encode("<|im_start|>assistant\n").ids[-1] == start    # CHATML's generation prompt
+    succ = _chains(ids, start)
     w = tiny.weights(seed)
     rows = sorted(succ.keys() | {b for bs in succ.values() for b in bs})
     assert len(rows) <= tiny.HIDDEN
