@@ -29,6 +29,9 @@ from .fields import kind_of
 from .metrics import Metrics
 from .responder import ClientGone, Responder, Run, unless_disconnected
 
+# The fields of a chat body that change its rendered prompt besides `messages` (/tokenize).
+_TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+
 
 class Server:
     def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str,
@@ -119,17 +122,19 @@ class Server:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def tokenize(self, request):
-        """{"model"?, "prompt": str} or {"model"?, "messages": [...]} -> {"tokens", "count",
-        "max_model_len"} (messages through the chat template, as generation would)."""
+        """{"model"?, "prompt": str} or {"model"?, "messages": [...], "tools"?, ...} ->
+        {"tokens", "count", "max_model_len"} (messages through the chat template, as generation
+        would: with the tool fields, the tool list where the template puts it)."""
         try:
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a JSON object")
             self._check_model(body, required=False)
             if "messages" in body:
+                tools = {k: body[k] for k in _TOOL_FIELDS if k in body}
                 spec = schemas.parse("chat", {"model": self.model_name, "max_tokens": 1,
-                                              "messages": body["messages"]}, self.max_model_len,
-                                     multimodal=False)
+                                              "messages": body["messages"], **tools},
+                                     self.max_model_len, multimodal=False)
                 req = chat_request(spec)
             else:
                 p = body.get("prompt")

@@ -194,9 +194,17 @@ def test_multi_turn_after_a_tool_result(any_server, tokenizer):
     msg = r.choices[0].message
     reasoning, content, calls = WANT["inside"]
     assert (msg.reasoning_content, msg.content, _calls(msg)) == (reasoning, content, calls)
-    # What the model saw: the first call and its result, in the template's turns (/tokenize
-    # renders the messages alone; generation adds the tool list to the system turn).
-    ids = httpx.post(any_server.url + "/tokenize", json={"messages": history}).json()["tokens"]
+    # What the model saw (/tokenize renders as generation does, the tools too): the tool
+    # list, the first call and its result, in the template's turns.
+    ids = httpx.post(any_server.url + "/tokenize", json={"messages": history,
+                                                         "tools": TOOLS}).json()["tokens"]
+    assert r.usage.prompt_tokens == len(ids)
     text = httpx.post(any_server.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
-    assert '"temperature": 21' in text and '"city": "Paris"' in text
-    assert r.usage.prompt_tokens > len(ids)
+    assert '"temperature": 21' in text and '"city": "Paris"' in text and "Web search" in text
+    bare = httpx.post(any_server.url + "/tokenize", json={"messages": history}).json()["tokens"]
+    assert len(bare) < len(ids)
+    none = httpx.post(any_server.url + "/tokenize", json={"messages": history, "tools": TOOLS,
+                                                          "tool_choice": "none"}).json()
+    assert none["tokens"] == bare              # tool_choice none: no tool list, as generation
+    bad = httpx.post(any_server.url + "/tokenize", json={"messages": history, "tools": "x"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tools"
