@@ -60,7 +60,8 @@ class TierLoader:
             try:
                 res = ld.future.result()
                 if res.pages > ld.plan.floor:
-                    self.cache.promote(ld.tokens, ld.seq.cache_namespace, staged=res.payloads)
+                    self.cache.promote(ld.tokens, ld.seq.cache_namespace, staged=res.payloads,
+                                       keys=ld.plan.keys)
             except Exception as e:  # noqa: BLE001 - a failed load is a miss: recompute
                 log.warning("loading a prefix from KV storage failed: %r", e)
             out.append(ld.seq)

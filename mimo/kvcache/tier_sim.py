@@ -152,19 +152,19 @@ class TierStore:
 
 
 class TierTree(RadixTree):
-    """The L1 tree, telling `listeners` which pages leave it, before they are freed:
+    """The L1 tree, telling `drop_listeners` which pages leave it, before they are freed:
     listener(node, local indices of full pages, local indices of live SWA pages)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.listeners: list[Callable[[Node, list[int], list[int]], None]] = []
+        self.drop_listeners: list[Callable[[Node, list[int], list[int]], None]] = []
         self._end_value: dict[Node, int] = {}   # chain value at a node's end (never moves)
 
     def _drop(self, node):
-        if self.listeners:
+        if self.drop_listeners:
             full = list(range(len(node.full)))
             swa = [i for i, s in enumerate(node.swa or ()) if s >= 0]
-            for f in self.listeners:
+            for f in self.drop_listeners:
                 f(node, full, swa)
         out = super()._drop(node)
         self._end_value.pop(node, None)
@@ -173,7 +173,7 @@ class TierTree(RadixTree):
     def _evict_swa(self, node):
         idx = self._freeable(node)
         if idx:
-            for f in self.listeners:
+            for f in self.drop_listeners:
                 f(node, [], idx)
         return super()._evict_swa(node)
 
@@ -254,7 +254,7 @@ class TieredCacheSim(CacheSim):
         self.l2 = TierStore("L2", l2_budget, *self.page_bytes)
         self.l3 = TierStore("L3", l3_budget, *self.page_bytes)
         self.l1: dict[int, float] = {}      # full key -> birth, for the pages L1 holds
-        self.tree.listeners.append(self._written_back)
+        self.tree.drop_listeners.append(self._written_back)
         self.now = 0.0
         self.times: list[float] | None = None    # per request (run: the trace's timestamps)
         self.age_unit = "requests"

@@ -4,7 +4,7 @@ The reference is written from the rules in `mimo.kvcache.tier_sim`'s docstring a
 keys are (kind, namespace, tuple of every token up to the page's end), L2 and L3 are
 OrderedDicts with byte budgets, presence is sets. L1 is the real radix tree in both: the
 reference reads what L1 holds from the tree before each request, and hears L1's evictions
-through the tree's listeners, naming the pages itself.
+through the tree's drop_listeners, naming the pages itself.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Reference:
         self.l1: set = set()
         self.birth: dict = {}
         self.now, self.out_id = 0.0, 0
-        sim.tree.listeners.append(self.evicted)
+        sim.tree.drop_listeners.append(self.evicted)
 
     # -- tiers ---------------------------------------------------------------------------
     def in_any(self, k) -> bool:

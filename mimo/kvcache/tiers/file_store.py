@@ -31,7 +31,7 @@ from contextlib import suppress
 from typing import TypeVar
 
 from . import entry
-from .storage import KVStorage, StorageIntegrityError, StorageStats
+from .storage import KVStorage, Payload, StorageIntegrityError, StorageStats
 
 T = TypeVar("T")
 _HEX = frozenset("0123456789abcdef")
@@ -75,9 +75,9 @@ class FileStore(KVStorage):
         return os.path.join(self.root, name[:2], name)
 
     # ---- the KVStorage methods (I/O loop) -----------------------------------------------
-    async def get(self, keys: Sequence[str], timeout: float) -> list[bytes | None]:
+    async def get(self, keys: Sequence[str], timeout: float) -> list[Payload | None]:
         done = await self._batch(lambda i: self._get_one(keys[i]), len(keys), timeout)
-        values: list[bytes | None] = [d[0] if d else None for d in done]
+        values: list[Payload | None] = [d[0] if d else None for d in done]
         self._count_get(values, [d[1] if d else "timeout" for d in done])
         self.stats.deleted_corrupt += sum(1 for d in done if d and d[2])
         return values

@@ -102,7 +102,7 @@ class PageIO:
             return None
         if not blobs:
             return torch.empty(0, self.row_elems, dtype=self.dtype)
-        buf = bytearray(b"".join(blobs))
+        buf = bytearray().join(blobs)      # one copy, writable (torch.frombuffer shares it)
         return torch.frombuffer(buf, dtype=torch.uint8).view(self.dtype).reshape(
             len(blobs), self.row_elems)
 

@@ -23,7 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from . import entry
-from .storage import KVStorage, StorageStats
+from .storage import KVStorage, Payload, StorageStats
 
 # One command: the name and its arguments, as redis-py's execute_command takes them.
 Command = tuple[Any, ...]
@@ -121,9 +121,9 @@ class RoutedRedisStore(KVStorage):
         """Hook: a node's round trip failed (the cluster refreshes its topology)."""
 
     # ---- the KVStorage methods ----------------------------------------------------------
-    async def get(self, keys: Sequence[str], timeout: float) -> list[bytes | None]:
+    async def get(self, keys: Sequence[str], timeout: float) -> list[Payload | None]:
         deadline = self._deadline(timeout)
-        values: list[bytes | None] = [None] * len(keys)
+        values: list[Payload | None] = [None] * len(keys)
         causes: list[str | None] = [None] * len(keys)
         corrupt: list[str] = []
         pairs = await self._send(keys, deadline, lambda g: ("MGET", *[keys[i] for i in g]), False)
@@ -136,7 +136,7 @@ class RoutedRedisStore(KVStorage):
                 if blob is None:
                     continue
                 try:
-                    values[i] = bytes(entry.decode(keys[i], blob))
+                    values[i] = entry.decode(keys[i], blob)     # a view: no copy
                 except entry.CorruptEntry as e:
                     causes[i] = "corrupt"
                     if e.delete:

@@ -31,6 +31,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+# A stored value as a backend returns it: bytes, or a view into the reply it came in (no copy).
+Payload = bytes | memoryview
+
 CAUSES = ("timeout", "unavailable", "corrupt", "full", "error")   # miss / drop causes
 
 
@@ -74,7 +77,7 @@ class KVStorage(ABC):
     stats: StorageStats
 
     @abstractmethod
-    async def get(self, keys: Sequence[str], timeout: float) -> list[bytes | None]: ...
+    async def get(self, keys: Sequence[str], timeout: float) -> list[Payload | None]: ...
 
     @abstractmethod
     async def put(self, items: Sequence[tuple[str, bytes]], timeout: float) -> list[bool]: ...
@@ -83,7 +86,7 @@ class KVStorage(ABC):
     async def exists(self, keys: Sequence[str], timeout: float) -> list[bool]: ...
 
     async def get_and_probe(self, get_keys: Sequence[str], probe_keys: Sequence[str],
-                            timeout: float) -> tuple[list[bytes | None], list[bool]]:
+                            timeout: float) -> tuple[list[Payload | None], list[bool]]:
         """`get(get_keys)` and `exists(probe_keys)` at once, so that a lookup which reads the
         pages it expects and asks only whether the others exist costs one round trip."""
         got, found = await asyncio.gather(self.get(get_keys, timeout),
@@ -114,7 +117,7 @@ class KVStorage(ABC):
             if c is not None:
                 self.stats.errors[c] += 1
 
-    def _count_get(self, values: Sequence[bytes | None], causes: Sequence[str | None]) -> None:
+    def _count_get(self, values: Sequence[Payload | None], causes: Sequence[str | None]) -> None:
         s = self.stats
         s.gets += len(values)
         for v in values:

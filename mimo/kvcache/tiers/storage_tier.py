@@ -28,7 +28,7 @@ from .page_io import PageIO
 if TYPE_CHECKING:
     import torch
 
-    from .storage import KVStorage
+    from .storage import KVStorage, Payload
 
 log = logging.getLogger("mimo.kvcache.tiers")
 
@@ -49,7 +49,7 @@ class FetchPlan:
 @dataclass
 class FetchResult:
     pages: int = 0                    # the hit the payloads complete (0: nothing useful)
-    payloads: dict[tuple[str, bytes], bytes] = field(default_factory=dict)
+    payloads: dict[tuple[str, bytes], Payload] = field(default_factory=dict)
     seconds: float = 0.0
 
 
@@ -206,7 +206,7 @@ class StorageTier:
         blobs, found = await self.storage.get_and_probe(
             [name(k, keys[i]) for k, i in want], [name(SWA, keys[i]) for i in probe_s],
             self.timeout)
-        got: dict[tuple[str, int], bytes] = {}
+        got: dict[tuple[str, int], Payload] = {}
         self._keep(want, blobs, got)
         have_s = {i for i, ok in zip(probe_s, found) if ok}
         for _ in range(2):      # again if entries vanished between the probe and the read
@@ -230,8 +230,8 @@ class StorageTier:
             have_s -= {i for (_, i) in need if (SWA, i) not in got}
         return FetchResult()
 
-    def _keep(self, want: list[tuple[str, int]], blobs: list[bytes | None],
-              got: dict[tuple[str, int], bytes]) -> None:
+    def _keep(self, want: list[tuple[str, int]], blobs: list[Payload | None],
+              got: dict[tuple[str, int], Payload]) -> None:
         for w, blob in zip(want, blobs):
             if blob is not None and len(blob) == self.io[w[0]].row_bytes:
                 got[w] = blob

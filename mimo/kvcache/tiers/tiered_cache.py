@@ -36,6 +36,7 @@ from .hit_plan import best_hit, window_of
 from .host_pool import HostPool
 from .keys import FULL, SWA, KeyChain
 from .page_io import PageIO
+from .promotion import PromotionMixin
 from .storage_tier import FetchPlan, StorageTier
 from .tier_stats import TierCounters
 
@@ -44,7 +45,7 @@ log = logging.getLogger("mimo.kvcache.tiers")
 _KNOWN_CAP = 1 << 20        # storage names remembered as written (LRU)
 
 
-class TieredPrefixCache(PrefixCache):
+class TieredPrefixCache(PromotionMixin, PrefixCache):
     def __init__(self, l1: RadixPrefixCache, keys: KeyChain, io: dict[str, PageIO],
                  host: HostPool | None, storage: StorageTier | None, cfg: TierConfig):
         self.l1, self.tree, self.pool = l1, l1.tree, l1.pool
@@ -91,9 +92,14 @@ class TieredPrefixCache(PrefixCache):
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
               namespace=None) -> int:
         before = self.tree.peek(tokens[:-1], namespace)
+        keys: list[bytes] = []
+        if self.host is not None or self.storage is not None:
+            # The prompt's page keys, hashed once for the promotion and the keep-alive.
+            n_all = (len(tokens) - 1) // self.P
+            keys = self.keys.page_keys(tokens[:n_all * self.P], namespace)
         if self.host is not None:
             try:
-                self.promote(tokens[:-1], namespace)
+                self.promote(tokens[:-1], namespace, keys=keys)
             except Exception as e:  # noqa: BLE001 - a failed load is a miss: recompute
                 self.load_errors += 1
                 log.warning("loading a prefix from host memory failed: %r", e)
@@ -104,131 +110,11 @@ class TieredPrefixCache(PrefixCache):
             if on:
                 tier.miss_tokens += missed
         if self.storage is not None and got:
-            self._keep_alive(tokens[:got], namespace)
+            self._keep_alive(keys[:got // self.P])
             # Consistency repair (the match may have split a node here): what L1 holds of
             # the hit that L3 lacks goes down now (a dropped write, a prefix from L2).
             self._write_through(tokens[:got], namespace)
         return got
-
-    def promote(self, tokens, namespace=None,
-                staged: dict[tuple[str, bytes], bytes] | None = None) -> int:
-        """Bring the longest tiered hit of `tokens` (whole pages) into L1, from L2 and from
-        `staged` L3 payloads; returns the pages promoted (0: L1's own hit is as long)."""
-        P, n_all = self.P, len(tokens) // self.P
-        if n_all == 0:
-            return 0
-        keys = self.keys.page_keys(tokens[:n_all * P], namespace)
-        staged = staged or {}
-        pins: list[tuple[str, list[int]]] = []
-        try:
-            for _ in range(3):
-                plan = self._plan(tokens, namespace, keys, staged)
-                if plan is None:
-                    return 0
-                n, l1f, l1s, need_f, need_s = plan
-                for kind, idx in ((FULL, need_f), (SWA, need_s)):
-                    hk = [keys[i] for i in idx if self._in_host(kind, keys[i])]
-                    if hk:
-                        pins.append((kind, self.host.stores[kind].pin(hk)))  # type: ignore[union-attr]
-                fa, sa = self.pool.full.allocator, self.pool.swa.allocator
-                if fa.num_free >= len(need_f) and (not self.hybrid or sa.num_free >= len(need_s)):
-                    break
-                # Eviction may move pages of the plan down to L2: plan again after it.
-                self.l1.make_room(len(need_f), len(need_s))
-            else:
-                return 0
-            fa, sa = self.pool.full.allocator, self.pool.swa.allocator
-            if fa.num_free < len(need_f) or (self.hybrid and sa.num_free < len(need_s)):
-                return 0
-            self._load(tokens[:n * P], namespace, n, keys, l1f, l1s, need_f, need_s, staged)
-            return len(need_f)
-        finally:
-            for kind, slots in pins:
-                self.host.stores[kind].unpin(slots)  # type: ignore[union-attr]
-
-    def _in_host(self, kind: str, key: bytes) -> bool:
-        return self.host is not None and kind in self.host.stores and \
-            self.host.stores[kind].has(key)
-
-    def _plan(self, tokens, namespace, keys: list[bytes], staged):
-        """(n, L1 path full pages, L1 path SWA pages, full pages to load, SWA pages to load)
-        of the longest tiered hit, or None when L1's own is as long."""
-        n_all = len(keys)
-        floor = self.tree.peek(tokens[:n_all * self.P], namespace, rebuild=0) // self.P
-        l1f, l1s = self.tree.path_pages(tokens[:n_all * self.P], namespace)
-        full_ok = [i < len(l1f) or self._in_host(FULL, keys[i]) or (FULL, keys[i]) in staged
-                   for i in range(n_all)]
-        swa_ok = None
-        if self.hybrid:
-            swa_ok = [(i < len(l1s) and l1s[i] >= 0) or self._in_host(SWA, keys[i])
-                      or (SWA, keys[i]) in staged for i in range(n_all)]
-        n = best_hit(full_ok, swa_ok, self.W, self.P, floor)
-        if n <= floor:
-            return None
-        need_f = list(range(len(l1f), n))
-        need_s = ([i for i in window_of(n, self.W, self.P) if not (i < len(l1s) and l1s[i] >= 0)]
-                  if self.hybrid else [])
-        return n, l1f, l1s, need_f, need_s
-
-    def _rows(self, kind: str, keys: list[bytes], staged, counters_by_src: dict):
-        """Rows of these pages from L2 or the staged L3 payloads (L2 first)."""
-        import torch
-        io = self.io[kind]
-        out = torch.empty(len(keys), io.row_elems, dtype=io.dtype)
-        for j, key in enumerate(keys):
-            store = self.host.stores.get(kind) if self.host is not None else None
-            if store is not None and store.has(key):
-                out[j].copy_(store.rows[store.index[key]])
-                counters_by_src[self.l2] = counters_by_src.get(self.l2, 0) + 1
-            else:
-                rows = io.rows_from_bytes([staged[(kind, key)]])
-                assert rows is not None     # sizes were checked when fetched
-                out[j].copy_(rows[0])
-                counters_by_src[self.l3] = counters_by_src.get(self.l3, 0) + 1
-                self._remember(self.keys.name(kind, key))   # L3 has it: no write back
-        return out
-
-    def _load(self, tokens, namespace, n, keys, l1f, l1s, need_f, need_s, staged) -> None:
-        pool = self.pool
-        tmp = pool.new_seq()
-        tmp.namespace = namespace
-        # The new pages go into `tmp` at once, so whatever fails below frees exactly them
-        # (`free_seq` never frees the tree's pages on the path).
-        tmp.full_pages = l1f[:min(n, len(l1f))]
-        try:
-            newf = pool.full.allocator.alloc(len(need_f))
-            tmp.full_pages += newf
-            news: list[int] = []
-            if self.hybrid:
-                news = pool.swa.allocator.alloc(len(need_s))
-                swa: list[int | None] = [None] * n
-                for i in window_of(n, self.W, self.P):
-                    if i < len(l1s) and l1s[i] >= 0:
-                        swa[i] = l1s[i]
-                for i, page in zip(need_s, news):
-                    swa[i] = page
-                    pool.map_pages(tmp.full_pages[i], page)
-                tmp.swa_pages = swa
-            src_f: dict = {}
-            src_s: dict = {}
-            rows_f = self._rows(FULL, [keys[i] for i in need_f], staged, src_f)
-            self.io[FULL].scatter(newf, rows_f)
-            if need_s:
-                rows_s = self._rows(SWA, [keys[i] for i in need_s], staged, src_s)
-                self.io[SWA].scatter(news, rows_s)
-        except BaseException:
-            pool.free_seq(tmp)
-            raise
-        # As if a request had computed [0, n) and finished: the tree takes what it keeps
-        # (reviving tombstoned windows), the rest is freed.
-        self.l1.finish(tmp, tokens, prompt_len=n * self.P + 1)
-        for counters, src in ((src_f, FULL), (src_s, SWA)):
-            for tier, pages in counters.items():
-                tier.pages_read[src] += pages
-                tier.bytes_read += pages * self.io[src].row_bytes
-        P = self.P
-        for tier, pages in src_f.items():
-            tier.hit_tokens += pages * P
 
     # ---- down: write-back to L2, write-through to L3 -----------------------------------------
     def _node_keys(self, node: Node) -> list[bytes]:
@@ -311,10 +197,10 @@ class TieredPrefixCache(PrefixCache):
         if len(self._written) > _KNOWN_CAP:
             self._written.popitem(last=False)
 
-    def _keep_alive(self, tokens, namespace) -> None:
+    def _keep_alive(self, keys: list[bytes]) -> None:
+        """Touch the L3 entries of the prefix these page keys name."""
         if self.cfg.kv_keepalive <= 0 or self.storage is None:
             return
-        keys = self.keys.page_keys(tokens, namespace)
         if not keys:
             return
         now = time.monotonic()
