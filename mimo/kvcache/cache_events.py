@@ -48,6 +48,12 @@ def pages_key(incarnation: str, kind: str) -> str:
     return f"{{mimo:pk:{incarnation}}}:{kind}"
 
 
+def pending_key(incarnation: str, kind: str) -> str:
+    """Routers' zset of pages that requests in flight to the worker will leave cached
+    (score: expiry, ms): a request arriving meanwhile is credited with them."""
+    return f"{{mimo:pk:{incarnation}}}:p{kind}"
+
+
 class TreeMirror:
     def __init__(self, tree: RadixTree, keys: KeyChain):
         self.tree, self.keys = tree, keys

@@ -11,6 +11,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)    # one line per forwarded call
     try:
         cfg = router_config(args)
     except ConfigError as e:

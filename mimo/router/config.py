@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the workers' model (built-in name, .gguf or HF directory): the router "
                         "tokenizes prompts with its tokenizer and chat template")
     p.add_argument("--match-weight", type=float, default=1.0,
-                   help="weight of the predicted cached fraction against normalized load")
+                   help="weight of the predicted cached fraction against normalized load "
+                        "(default 1: a worker with one mean load + 1 more requests in "
+                        "flight than another must hold the whole prompt more to win)")
     p.add_argument("--load-token-unit", type=int, default=1024, metavar="TOKENS",
                    help="uncached tokens queued on a worker that weigh as one in-flight "
                         "request in its load (default 1024)")

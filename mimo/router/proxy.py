@@ -20,6 +20,7 @@ from .router import Decision, NoWorker, Router
 
 log = logging.getLogger("mimo.router")
 
+WORKER_HEADER = "x-mimo-worker"     # which worker answered (clients may log it)
 PASS_HEADERS = ("authorization", "content-type", "accept", "openai-organization",
                 "openai-project", "x-request-id")
 
@@ -67,11 +68,10 @@ class Forwarder:
         tried: set[str] = set()
         for _ in range(self.r.cfg.retries + 1):
             try:
-                d = await self.r.decide_ids(ids, frozenset(tried))
+                d = await self.r.route(ids, frozenset(tried))
             except NoWorker:
                 break
             tried.add(d.url)
-            await self.r.begin(d)
             done = Done(self.r, d)
             try:
                 req = self.r.http.build_request("POST", d.url + path, content=raw,
@@ -81,8 +81,9 @@ class Forwarder:
                 if not stream or resp.status_code != 200:
                     data = await resp.aread()
                     self._account(d, resp.status_code, self._usage_of(data))
-                    return Response(data, resp.status_code, media_type=resp.headers.get(
-                        "content-type", "application/json"))
+                    return Response(data, resp.status_code, headers={WORKER_HEADER: d.url},
+                                    media_type=resp.headers.get("content-type",
+                                                                "application/json"))
                 it = resp.aiter_raw()
                 try:
                     first = await it.__anext__()
@@ -91,6 +92,7 @@ class Forwarder:
                 relay = self._relay(d, done, it, first)
                 done.streaming = True     # the stream's end finishes it from here
                 return StreamingResponse(relay, media_type="text/event-stream",
+                                         headers={WORKER_HEADER: d.url},
                                          background=BackgroundTask(done.finish))
             except (httpx.TransportError, httpx.StreamError) as e:
                 if isinstance(e, httpx.ReadTimeout):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from ..kvcache.retention import window_pages
 from ..kvcache.tiers.keys import KeyChain
 from . import policy
 from .config import RouterConfig
@@ -25,11 +26,22 @@ from .state import RouterState, StateUnavailable
 
 log = logging.getLogger("mimo.router")
 
+PENDING_MS = 30_000     # how long an in-flight request's pages count before the worker's own
 HASH_PAGE = 16      # tokens per page of the fallback's key (no heartbeat tells the real one)
 
 
 class NoWorker(Exception):
     """No healthy worker is left to try."""
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What the request will leave cached on its worker (`RouterState.mark_pending`): its
+    prompt's full pages, and live SWA on the windows before its retention checkpoints that
+    a later request can end at (the prompt's end, where it leaves the cached path)."""
+    incarnation: str
+    full: list[bytes]
+    swa: list[bytes]
 
 
 @dataclass(frozen=True)
@@ -39,6 +51,7 @@ class Decision:
     prompt_len: int
     how: str
     score: float = 0.0
+    pending: Pending | None = None
 
 
 class Router:
@@ -51,6 +64,7 @@ class Router:
         self.healthy: dict[str, bool] = {w: True for w in cfg.workers}
         self.inflight: dict[str, int] = {}
         self._rr = itertools.count()
+        self._decide_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task] = []
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout, connect=3.0),
                                       limits=httpx.Limits(max_connections=2048,
@@ -133,6 +147,22 @@ class Router:
             self.members.remove(url)
         self.healthy.pop(url, None)
 
+    async def route(self, ids: list[int] | None, exclude: frozenset[str] = frozenset()
+                    ) -> Decision:
+        """Decide and count the request in flight, one decision at a time in this replica:
+        requests arriving together would otherwise all read the same state and pile onto
+        one worker before any of them is counted."""
+        async with self._decide_lock:
+            d = await self.decide_ids(ids, exclude)
+            await self.begin(d)
+        if d.pending is not None and self.state is not None:
+            try:
+                await self.state.mark_pending(d.pending.incarnation, d.pending.full,
+                                              d.pending.swa, PENDING_MS)
+            except StateUnavailable:
+                self._count_redis_errors()
+        return d
+
     # ---- in-flight ----------------------------------------------------------------------
     async def begin(self, d: Decision) -> None:
         self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
@@ -174,8 +204,9 @@ class Router:
         tie = hashlib.blake2b(array("q", head).tobytes(), digest_size=16).digest()
         if self.state is not None:
             try:
-                return self._score(ids or [], live, tie, *await self.state.read(
-                    live, self._keys_for(ids or [])))
+                keys_for = self._keys_for(ids or [])
+                return self._score(ids or [], live, tie,
+                                   *await self.state.read(live, keys_for), keys_for)
             except StateUnavailable:
                 self._count_redis_errors()
         self.metrics.decisions.labels("fallback").inc()
@@ -192,17 +223,40 @@ class Router:
             return cache[(fp, page)]
         return keys
 
-    def _score(self, ids, live, tie, snap, pages) -> Decision:
-        cands = []
+    def _score(self, ids, live, tie, snap, pages, keys_for) -> Decision:
+        cands, expect = [], {}
         for w in live:
             hb = snap.heartbeats.get(w)
             pred = 0
             if hb is not None and w in pages:
-                full_ok, swa_ok = pages[w]
-                pred = policy.predicted_tokens(full_ok, swa_ok if hb.mode == "hybrid" else None,
+                full_ok, swa_ok, full_p, swa_p = pages[w]
+                hyb = hb.mode == "hybrid"
+                pred = policy.predicted_tokens(full_ok, swa_ok if hyb else None,
                                                hb.window, hb.page_size, hb.rebuild)
+                expect[w] = policy.predicted_tokens(full_p, swa_p if hyb else None,
+                                                    hb.window, hb.page_size, hb.rebuild)
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
             cands.append(policy.Candidate(w, pred, snap.inflight.get(w, 0) + queued))
+        # The score credits what workers hold; a prefix that requests in flight are only now
+        # computing (a shared system prompt's first wave) must not pull the others after it,
+        # or they pile up there. The prediction counts it: by admission it is there.
         c = policy.choose(cands, len(ids), self.cfg.match_weight, tie)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("route %d tokens -> %s %s", len(ids), c.url,
+                      [(x.url[-5:], x.predicted, round(x.load, 2)) for x in cands])
         self.metrics.decisions.labels("score").inc()
-        return Decision(c.url, c.predicted, len(ids), "score", c.score)
+        hb = snap.heartbeats.get(c.url)
+        pending = None
+        if hb is not None and hb.mode != "off" and ids:
+            keys = keys_for(hb.fingerprint, hb.page_size)
+            if keys:
+                full_ok = pages.get(c.url, ([], []))[0]
+                m = next((i for i, ok in enumerate(full_ok) if not ok), len(full_ok))
+                swa = set()
+                if hb.mode == "hybrid":
+                    for end in {len(keys), m}:
+                        swa.update(window_pages(end * hb.page_size, hb.window, hb.page_size))
+                pending = Pending(hb.incarnation, keys, [keys[i] for i in sorted(swa)
+                                                         if i < len(keys)])
+        return Decision(c.url, expect.get(c.url, c.predicted), len(ids), "score", c.score,
+                        pending)

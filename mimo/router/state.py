@@ -89,8 +89,9 @@ class RouterState:
 
     # ---- one decision ------------------------------------------------------------------
     async def read(self, workers: list[str], keys_by_fp) -> tuple[Snapshot, dict]:
-        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok)}). `keys_by_fp`:
-        fingerprint -> the prompt's page keys under it."""
+        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok, and both with the
+        pages of requests in flight there)}). `keys_by_fp`: fingerprint -> the prompt's page
+        keys under it."""
         return await self._run("read", self._read(workers, keys_by_fp))
 
     async def _read(self, workers, keys_by_fp):
@@ -112,18 +113,37 @@ class RouterState:
         for w, hb in snap.heartbeats.items():
             keys = keys_by_fp(hb.fingerprint, hb.page_size)
             if keys and hb.mode != "off":
-                asks.append((w, len(keys)))
-                pipe.smismember(ce.pages_key(hb.incarnation, FULL), keys)
-                pipe.smismember(ce.pages_key(hb.incarnation, SWA), keys)
+                asks.append(w)
+                for kind in (FULL, SWA):
+                    pipe.smismember(ce.pages_key(hb.incarnation, kind), keys)
+                    pipe.zmscore(ce.pending_key(hb.incarnation, kind), keys)
         res = await pipe.execute() if routers or asks else []
         for counts in res[:len(routers)]:
             for w, n in counts.items():
                 snap.inflight[w.decode()] = snap.inflight.get(w.decode(), 0) + int(n)
         pages = {}
         rest = res[len(routers):]
-        for j, (w, _) in enumerate(asks):
-            pages[w] = ([bool(x) for x in rest[2 * j]], [bool(x) for x in rest[2 * j + 1]])
+        for j, w in enumerate(asks):
+            f, pf, s, ps = rest[4 * j:4 * j + 4]
+            pages[w] = ([bool(a) for a in f], [bool(a) for a in s],
+                        [bool(a) or (b is not None and b > now) for a, b in zip(f, pf)],
+                        [bool(a) or (b is not None and b > now) for a, b in zip(s, ps)])
         return snap, pages
+
+    async def mark_pending(self, incarnation: str, full: list[bytes], swa: list[bytes],
+                           ttl_ms: int) -> None:
+        """Pages a request now in flight will leave cached on the worker, for `ttl_ms`."""
+        async def go():
+            until = int(time.time() * 1000) + ttl_ms
+            pipe = self.client.pipeline(transaction=False)
+            for kind, keys in ((FULL, full), (SWA, swa)):
+                if keys:
+                    name = ce.pending_key(incarnation, kind)
+                    pipe.zadd(name, {k: until for k in keys})
+                    pipe.zremrangebyscore(name, "-inf", until - 2 * ttl_ms)
+                    pipe.pexpire(name, 2 * ttl_ms)
+            await pipe.execute()
+        await self._run("pending", go())
 
     # ---- in-flight ---------------------------------------------------------------------
     async def inflight_add(self, worker: str, n: int) -> None:
