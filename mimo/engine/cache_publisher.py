@@ -145,8 +145,8 @@ class CachePublisher:
         old = await c.get(ce.incarnation_key(self.url))
         if old is not None:
             old = old.decode()
-            await c.delete(ce.pages_key(old, FULL))
-            await c.delete(ce.pages_key(old, SWA))
+            for kind in (FULL, SWA):      # what it held, and what routers expected of it
+                await c.delete(ce.pages_key(old, kind), ce.pending_key(old, kind))
         await c.set(ce.incarnation_key(self.url), self.incarnation)
         self._started = True
 

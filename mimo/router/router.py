@@ -59,7 +59,8 @@ class Router:
         self.cfg = cfg
         self.prompts = prompts              # PromptBuilder, or None: load-only decisions
         self.metrics = RouterMetrics()
-        self.state = RouterState(cfg.redis, cfg.router_id, cfg.redis_timeout) if cfg.redis else None
+        self.state = (RouterState(cfg.redis, cfg.router_id, cfg.redis_timeout,
+                                  cfg.health_interval) if cfg.redis else None)
         self.members: list[str] = list(cfg.workers)
         self.healthy: dict[str, bool] = {w: True for w in cfg.workers}
         self.inflight: dict[str, int] = {}

@@ -21,7 +21,9 @@ from ..engine.cache_publisher import open_redis
 from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA
 
-ROUTER_TTL_MS = 10_000
+# A router's in-flight counts outlive it by this much (a killed router's requests weigh on
+# their workers' load until then); renewed every health interval, so at least 3 of those.
+ROUTER_TTL_MS = 3_000
 
 
 class StateUnavailable(Exception):
@@ -56,8 +58,9 @@ class Snapshot:
 
 
 class RouterState:
-    def __init__(self, url: str, router_id: str, timeout: float):
+    def __init__(self, url: str, router_id: str, timeout: float, renew: float = 1.0):
         self.url, self.id, self.timeout = url, router_id, timeout
+        self.ttl_ms = max(ROUTER_TTL_MS, int(3000 * renew))
         self.client = open_redis(url)
         self.errors: dict[str, int] = {}
         self.need_sync = True
@@ -99,7 +102,7 @@ class RouterState:
         pipe = c.pipeline(transaction=False)
         for w in workers:
             pipe.get(ce.heartbeat_key(w))
-        pipe.zrangebyscore(ce.ROUTERS, now - ROUTER_TTL_MS, "+inf")
+        pipe.zrangebyscore(ce.ROUTERS, now - self.ttl_ms, "+inf")
         res = await pipe.execute()
         snap = Snapshot()
         for w, raw in zip(workers, res[:len(workers)]):
@@ -163,9 +166,9 @@ class RouterState:
                     pipe.hset(key, mapping=live)
                 await pipe.execute()
             pipe = c.pipeline(transaction=False)
-            pipe.pexpire(key, ROUTER_TTL_MS)
+            pipe.pexpire(key, self.ttl_ms)
             pipe.zadd(ce.ROUTERS, {self.id: int(time.time() * 1000)})
-            pipe.zremrangebyscore(ce.ROUTERS, "-inf", int(time.time() * 1000) - 6 * ROUTER_TTL_MS)
+            pipe.zremrangebyscore(ce.ROUTERS, "-inf", int(time.time() * 1000) - 6 * self.ttl_ms)
             await pipe.execute()
             self.need_sync = False
         await self._run("sync", go())
