@@ -24,6 +24,7 @@ COMMANDS = [
     ".tiers",            # tiers: TTFT and bytes moved per KV tier (L2, disk, Redis)
     ".soak",             # soak: mixed requests, disconnects, timeouts on one server; nothing stuck or leaked
     ".structured",       # structured: decode tokens/s with a JSON-schema grammar vs without
+    ".route",            # route: cache-aware router vs round-robin on 4 workers (issue 17)
 ]
 
 

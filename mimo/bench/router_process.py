@@ -17,12 +17,15 @@ class LoopbackProcess(ServerProcess):
     the same URL, or a free one), waited for until /health answers 200 (any answer when
     `need_ok` is False)."""
     def __init__(self, args: list[str], flags: list[str], start_timeout: float = 180.0,
-                 port: int | None = None, need_ok: bool = True, wait: bool = True):
+                 port: int | None = None, need_ok: bool = True, wait: bool = True,
+                 nice: int = 0):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")
         self.args, self.start_timeout, self.need_ok = args, start_timeout, need_ok
         cmd = [sys.executable, *args, "--host", "127.0.0.1", "--port", str(self.port), *flags]
+        if nice:
+            cmd = ["nice", "-n", str(nice), *cmd]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
         # Started from this thread: the death signal follows the thread that forked.
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env,
@@ -73,8 +76,9 @@ class RouterProcess(LoopbackProcess):
 class WorkerProcess(LoopbackProcess):
     """`server.py *flags`, at a given port when restarting one."""
     def __init__(self, flags: list[str], start_timeout: float = 180.0, port: int | None = None,
-                 wait: bool = True):
-        super().__init__([str(ROOT / "server.py")], flags, start_timeout, port, wait=wait)
+                 wait: bool = True, nice: int = 0):
+        super().__init__([str(ROOT / "server.py")], flags, start_timeout, port, wait=wait,
+                         nice=nice)
 
 
 def start_all(make, n: int) -> list:

@@ -1,0 +1,235 @@
+"""route: the cache-aware router against round-robin, the same workers and workloads.
+
+For every workload, each router gets fresh workers (`server.py --router-redis`, empty
+caches) and a fresh Redis; the workload is streamed through it and every request's worker,
+usage and TTFT recorded. The reference is one worker with all the workers' memory, no router.
+Workloads: `shared` (sessions x turns sharing one system prompt), `distinct` (each session
+its own), `trace` (a slice of the Mooncake conversation trace, lengths scaled by
+--block-tokens / 512, arrivals by --time-scale, token-id prompts through /v1/completions).
+Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity) and mimo
+(cache-aware). Third-party routers are not run here (see README).
+
+Reported per workload and router: the cached-token fraction (cached / prompt tokens from the
+workers' usage), the share of turns on the previous turn's worker, max/mean requests per
+worker, TTFT p50/p90, and mimo's predicted cached tokens over the actual ones; one JSON line
+last, with the issue's targets checked.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+
+from . import add_trace_arg
+from .route_load import log, run_sessions, run_trace, sessions, trace_parents
+from .router_process import RouterProcess, WorkerProcess, start_all
+
+NAME = "route"
+WORKLOADS = ("shared", "distinct", "trace")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(NAME, help="cache-aware router vs round-robin on 4 workers",
+                              description=__doc__.split("\n\n")[0])
+    add_trace_arg(p)
+    p.add_argument("--model", default="tiny",
+                   help="tiny (a random tiny Gemma 3, written to a temporary directory), or "
+                        "what server.py --model takes")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--workloads", default=",".join(WORKLOADS))
+    p.add_argument("--routers", default="round-robin,mimo")
+    p.add_argument("--sessions", type=int, default=20)
+    p.add_argument("--turns", type=int, default=10)
+    p.add_argument("--system-words", type=int, default=120)
+    p.add_argument("--user-words", type=int, default=30)
+    p.add_argument("--max-tokens", type=int, default=12)
+    p.add_argument("--trace-requests", type=int, default=160)
+    p.add_argument("--trace-start", type=int, default=0)
+    p.add_argument("--block-tokens", type=int, default=32)
+    p.add_argument("--time-scale", type=float, default=0.5)
+    p.add_argument("--kv-cache-memory", default="6MiB", help="per worker")
+    p.add_argument("--reference-memory", default=None,
+                   help="the reference worker's KV memory (default: workers x per worker)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--worker-nice", type=int, default=5,
+                   help="niceness of the worker processes: on a machine with fewer cores than "
+                        "workers, the router and the clients (a deployment gives the router "
+                        "its own core) are not starved by the workers' compute (0: off)")
+    p.add_argument("--max-prompt", type=int, default=3500,
+                   help="trace prompts are cut to this many tokens (the model's context)")
+    p.add_argument("--plot", default=None, help="write the figures to this PNG")
+    return p
+
+
+def _mib(text: str) -> float:
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    mult = {"k": 1 / 1024, "m": 1, "g": 1024}.get(t[-1:], None)
+    return float(t[:-1]) * mult if mult is not None else float(t) / 2**20
+
+
+def _pct(xs, q):
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    return round(xs[min(len(xs) - 1, max(0, -(-len(xs) * q // 100) - 1))], 4)
+
+
+def summarize(recs: list[dict], workers: list[str] | None) -> dict:
+    ok = [r for r in recs if "error" not in r]
+    prompt = sum(r["prompt"] for r in ok)
+    out = {"requests": len(recs), "errors": len(recs) - len(ok),
+           "cached_fraction": round(sum(r["cached"] for r in ok) / max(prompt, 1), 4),
+           "ttft_p50": _pct([r["ttft"] for r in ok], 50),
+           "ttft_p90": _pct([r["ttft"] for r in ok], 90)}
+    if workers:
+        counts = {w: 0 for w in workers}
+        for r in ok:
+            counts[r["worker"]] = counts.get(r["worker"], 0) + 1
+        out["max_over_mean"] = round(max(counts.values()) * len(counts) / max(len(ok), 1), 3)
+        by_key = {(r.get("session"), r.get("turn")): r for r in ok}
+        pairs = []
+        for r in ok:
+            if "prev" in r:
+                prev = recs[r["prev"]] if r["prev"] is not None else None
+            else:
+                prev = by_key.get((r["session"], r["turn"] - 1))
+            if prev is not None and "error" not in prev:
+                pairs.append(prev["worker"] == r["worker"])
+        out["same_worker_share"] = round(sum(pairs) / max(len(pairs), 1), 4)
+    return out
+
+
+def _workload(args, name: str, tok_dir: str):
+    if name in ("shared", "distinct"):
+        convs = sessions(args.sessions, args.turns, name == "shared", args.system_words,
+                         args.user_words)
+        return lambda url: run_sessions(url, tok_dir, convs, args.max_tokens)
+    from ..kvcache.cache_sim import load_trace
+    from .serve import build_requests
+    rows = load_trace(args.trace, args.trace_start + args.trace_requests)[args.trace_start:]
+    vocab = (10, 500) if args.model == "tiny" else (100, 20000)
+    reqs = build_requests(rows, args.block_tokens, args.block_tokens / 512, args.max_tokens,
+                          args.time_scale, vocab)
+    for r in reqs:
+        del r["prompt"][args.max_prompt:]
+    parents = trace_parents(rows)
+    return lambda url: run_trace(url, tok_dir, reqs, parents)
+
+
+def _one_run(args, model: str, work, router: str | None) -> dict:
+    from .redis_process import RedisServer
+    redis = RedisServer() if router is not None else None
+    base = ["--model", model, "--dtype", "float32", "--threads", str(args.threads),
+            "--served-model-name", model, "--metrics-public"]
+    n = args.workers if router is not None else 1
+    mem = args.kv_cache_memory if router is not None else (
+        args.reference_memory or f"{_mib(args.kv_cache_memory) * args.workers:g}MiB")
+    flags = base + ["--kv-cache-memory", mem]
+    if redis is not None:
+        flags += ["--router-redis", redis.url, "--router-heartbeat", "0.25"]
+    ws = rt = None
+    try:
+        ws = start_all(lambda i, wait: WorkerProcess(flags, wait=wait, nice=args.worker_nice), n)
+        url = ws[0].url
+        if router is not None:
+            rflags = ["--model", model, "--redis", redis.url, "--health-interval", "0.5",
+                      "--policy", "round-robin" if router == "round-robin" else "cache-aware"]
+            for w in ws:
+                rflags += ["--worker", w.url]
+            rt = RouterProcess(rflags)
+            url = rt.url
+            import time
+            time.sleep(1.0)         # the workers' first heartbeats are in
+        recs = asyncio.run(work(url))
+        res = summarize(recs, [w.url for w in ws] if router is not None else None)
+        if rt is not None and router == "mimo":
+            m = rt.counters()
+            pred = sum(m.get("mimo_router_measured_predicted_tokens_total", {}).values())
+            act = sum(m.get("mimo_router_actual_cached_tokens_total", {}).values())
+            res["predicted_over_actual"] = round(pred / act, 4) if act else None
+            res["decisions"] = m.get("mimo_router_decisions_total", {})
+        return res
+    finally:
+        for p in ([rt] if rt else []) + (ws or []):
+            p.stop()
+        if redis is not None:
+            redis.stop()
+
+
+def measure(args) -> dict:
+    tmp = None
+    model = args.model
+    if model == "tiny":
+        from ..models.tiny import gemma3
+        tmp = tempfile.mkdtemp(prefix="mimo-route-tiny-")
+        gemma3.write(Path(tmp), seed=3)
+        model = tmp
+    routers = [r for r in args.routers.split(",") if r]
+    out: dict = {"model": args.model, "workers": args.workers, "results": {}}
+    for wl in [w for w in args.workloads.split(",") if w]:
+        if wl not in WORKLOADS:
+            raise SystemExit(f"unknown workload {wl!r} (choose from {', '.join(WORKLOADS)})")
+        work = _workload(args, wl, model)
+        res = {"one_worker": _one_run(args, model, work, None)}
+        log(f"{wl}: one worker with all the memory: {json.dumps(res['one_worker'])}")
+        for r in routers:
+            res[r] = _one_run(args, model, work, r)
+            log(f"{wl}: {r}: {json.dumps(res[r])}")
+        out["results"][wl] = res
+    out["targets"] = targets(out["results"])
+    return out
+
+
+def targets(results: dict) -> dict:
+    t: dict = {}
+    for wl, res in results.items():
+        m, rr, one = res.get("mimo"), res.get("round-robin"), res.get("one_worker")
+        if m is None:
+            continue
+        if one:
+            t[f"{wl}_cached_vs_one_worker"] = round(m["cached_fraction"] /
+                                                    max(one["cached_fraction"], 1e-9), 4)
+        if rr and rr.get("ttft_p90"):
+            t[f"{wl}_ttft_p90_vs_round_robin"] = round(m["ttft_p90"] / rr["ttft_p90"], 4)
+        if wl == "shared":
+            t["shared_max_over_mean"] = m["max_over_mean"]
+        if m.get("predicted_over_actual") is not None:
+            t[f"{wl}_predicted_over_actual"] = m["predicted_over_actual"]
+    t["met"] = (all(v >= 0.95 for k, v in t.items() if k.endswith("_vs_one_worker"))
+                and all(v <= 0.7 for k, v in t.items() if k.endswith("_vs_round_robin"))
+                and t.get("shared_max_over_mean", 0) <= 1.3
+                and all(abs(v - 1) <= 0.05 for k, v in t.items()
+                        if k.endswith("_predicted_over_actual")))
+    return t
+
+
+def plot(res: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    wls = list(res["results"])
+    routers = ["one_worker"] + [r for r in next(iter(res["results"].values())) if r != "one_worker"]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, key, title in zip(axes, ("cached_fraction", "ttft_p90", "max_over_mean"),
+                              ("cached-token fraction", "TTFT p90 (s)", "max/mean requests")):
+        w = 0.8 / len(routers)
+        for j, r in enumerate(routers):
+            vals = [res["results"][wl].get(r, {}).get(key) or 0 for wl in wls]
+            ax.bar([i + j * w for i in range(len(wls))], vals, w, label=r)
+        ax.set_xticks([i + 0.4 - w / 2 for i in range(len(wls))], wls)
+        ax.set_title(title)
+    axes[0].legend(loc="lower left", fontsize=8)
+    fig.suptitle(f"bench route: {res['workers']} workers, model {res['model']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(args) -> int:
+    res = measure(args)
+    if args.plot:
+        plot(res, args.plot)
+        log(f"plot: {args.plot}")
+    print(json.dumps(res))
+    return 0
