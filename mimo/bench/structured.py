@@ -71,5 +71,5 @@ def run(args) -> int:
         out.append(row)
     print(json.dumps({"bench": NAME, "model": args.model, "dtype": args.dtype,
                       "speculative": args.speculative, "max_tokens": args.max_tokens,
-                      "rows": out}, indent=1))
+                      "rows": out}))
     return 0

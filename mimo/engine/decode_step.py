@@ -16,26 +16,56 @@ up to a stop, then commits the step, rolling back the KV of positions past `kept
 """
 from __future__ import annotations
 
+import concurrent.futures
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 from ..gpu.sampling import sample_seqs
 from .sequence import TokenLogprob
 
 
 def grammar_masks(seqs: list) -> list:
-    """Each request's grammar mask for its next token (None without a constraint); makes a
-    request's matcher on first use."""
-    out: list = []
-    for s in seqs:
+    """Each request's grammar mask for its next token (None without a constraint), all
+    computed in one batch; makes a request's matcher on first use."""
+    return _start_masks(seqs)()
+
+
+def _start_masks(seqs: list) -> Callable[[], list]:
+    """Start computing `grammar_masks(seqs)` off this thread and return what waits for
+    them, so that they overlap the forward (a matcher's state is final once the previous
+    step settled). Matchers are made here, on the engine thread."""
+    idx, matchers = [], []
+    for i, s in enumerate(seqs):
         c = s.params.constraint
         if c is None:
-            out.append(None)
             continue
         if s.matcher is None:
             s.matcher = c.matcher()
             s.matcher.consume(s.output_ids)     # (empty, unless a caller pre-filled output)
-        out.append(s.matcher.allowed())
-    return out
+        idx.append(i)
+        matchers.append(s.matcher)
+    out: list = [None] * len(seqs)
+    if not matchers:
+        return lambda: out
+    from ..structured.matcher import batch_allowed
+    fut = _mask_thread().submit(batch_allowed, matchers)
+
+    def wait() -> list:
+        rows = fut.result()
+        for j, i in enumerate(idx):
+            out[i] = rows[j]
+        return out
+    return wait
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _mask_thread() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mimo-grammar")
+    return _pool
 
 
 def record(seq, emitted: list[int], logprobs: list | None) -> None:
@@ -79,9 +109,13 @@ class PlainDecode(DecodeStep):
 
     def execute(self, runner, head, chunks: list) -> list[list[int]]:
         sampled = [c for c in chunks if c.sample]
-        hidden = runner.execute(chunks)
         seqs = [c.seq for c in sampled]
-        tokens, lps = sample_seqs(head, hidden, seqs, grammar_masks(seqs))
+        masks = _start_masks(seqs)
+        try:
+            hidden = runner.execute(chunks)
+        finally:
+            allowed = masks()       # even when the forward failed: no mask still running
+        tokens, lps = sample_seqs(head, hidden, seqs, allowed)
         self._pending = {id(c): lp for c, lp in zip(sampled, lps) if lp is not None}
         return [[t] for t in tokens]
 

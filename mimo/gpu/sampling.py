@@ -134,9 +134,12 @@ def sparse_sample(head, h: torch.Tensor, allowed: torch.Tensor, p, generator) ->
     only ranks or normalises over tokens with finite logits."""
     # numpy's flatnonzero is an order of magnitude faster than torch.nonzero on a CPU bool
     # vector of the vocabulary's size.
-    ids = np.flatnonzero(allowed.numpy()) if allowed.device.type == "cpu" else None
-    if ids is None or ids.size > SPARSE_MAX or ids.size == 0:
+    if allowed.device.type != "cpu":
         return None
+    a = allowed.numpy()
+    if not 0 < np.count_nonzero(a) <= SPARSE_MAX:    # counting is cheap, listing is not
+        return None
+    ids = np.flatnonzero(a)
     idx = torch.from_numpy(ids)
     sub = _subset_logits(head, h, idx)
     return int(idx[sample_row(sub, p.temperature, p.top_p, p.top_k, generator, p.min_p)])
@@ -159,7 +162,7 @@ def masked_greedy(head, h: torch.Tensor, masks: torch.Tensor) -> list[int]:
     sx = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
     xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
     approx = torch._int_mm(xq, w8.t()) * (head.scale * sx)
-    approx = approx.masked_fill(~masks[:, :approx.shape[1]], float("-inf"))
+    approx.masked_fill_(~masks[:, :approx.shape[1]], float("-inf"))
     err = (xq.float() * sx - x).norm(dim=1)
     best = approx.max(dim=1).values
     thr = best - 2.0 * err * head.max_bound - 1e-3 * (1.0 + best.abs())

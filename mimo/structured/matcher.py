@@ -14,6 +14,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mimo.structured")
 
+_executor = None        # llguidance's mask thread pool, shared by every request (made on first use)
+
+
+def batch_allowed(matchers: list[TokenMatcher]) -> torch.Tensor:
+    """bool [len(matchers), vocab]: each matcher's `allowed()`, computed in one call on
+    llguidance's own threads (it releases the GIL, so this may run beside a forward)."""
+    global _executor
+    if _executor is None:
+        from llguidance import LLExecutor
+        _executor = LLExecutor()
+    V = matchers[0]._vocab
+    assert all(m._vocab == V for m in matchers), "one model's vocabulary per batch"
+    words = (V + 31) // 32
+    mask = np.empty((len(matchers), words), dtype=np.int32)
+    _executor.unsafe_compute_mask_ptr([(m._m, i) for i, m in enumerate(matchers)],
+                                      mask.ctypes.data, words * 4, len(matchers))
+    bits = np.unpackbits(mask.view(np.uint8), axis=1, bitorder="little")[:, :V]
+    return torch.from_numpy(bits.view(np.bool_))
+
 
 class TokenMatcher:
     def __init__(self, grammar: Grammar):
