@@ -4,8 +4,9 @@ For every workload, each router gets fresh workers (`server.py --router-redis`, 
 caches) and a fresh Redis; the workload is streamed through it and every request's worker,
 usage and TTFT recorded. The reference is one worker with all the workers' memory, no router.
 Workloads: `shared` (sessions x turns sharing one system prompt), `distinct` (each session
-its own), `trace` (a slice of the Mooncake conversation trace, lengths scaled by
---block-tokens / 512, arrivals by --time-scale, token-id prompts through /v1/completions).
+its own), `trace` (the Mooncake conversation trace's first multi-turn conversations, lengths
+scaled by --block-tokens / 512, arrivals spread over --trace-duration, token-id prompts
+through /v1/completions).
 Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity) and mimo
 (cache-aware). Third-party routers are not run here (see README).
 
@@ -23,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from . import add_trace_arg
-from .route_load import log, run_sessions, run_trace, sessions, trace_parents
+from .route_load import conversations, log, run_sessions, run_trace, sessions
 from .router_process import RouterProcess, WorkerProcess, start_all
 
 NAME = "route"
@@ -45,10 +46,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--system-words", type=int, default=120)
     p.add_argument("--user-words", type=int, default=30)
     p.add_argument("--max-tokens", type=int, default=12)
-    p.add_argument("--trace-requests", type=int, default=160)
-    p.add_argument("--trace-start", type=int, default=0)
-    p.add_argument("--block-tokens", type=int, default=32)
-    p.add_argument("--time-scale", type=float, default=0.5)
+    p.add_argument("--trace-requests", type=int, default=200,
+                   help="requests of the trace's first multi-turn conversations replayed")
+    p.add_argument("--trace-duration", type=float, default=60.0,
+                   help="seconds the replayed slice's arrivals are spread over")
+    p.add_argument("--block-tokens", type=int, default=16,
+                   help="tokens per 512-token trace block (the length scale)")
     p.add_argument("--kv-cache-memory", default="6MiB", help="per worker")
     p.add_argument("--reference-memory", default=None,
                    help="the reference worker's KV memory (default: workers x per worker)")
@@ -108,13 +111,13 @@ def _workload(args, name: str, tok_dir: str):
         return lambda url: run_sessions(url, tok_dir, convs, args.max_tokens)
     from ..kvcache.cache_sim import load_trace
     from .serve import build_requests
-    rows = load_trace(args.trace, args.trace_start + args.trace_requests)[args.trace_start:]
+    rows, parents = conversations(load_trace(args.trace), args.trace_requests)
     vocab = (10, 500) if args.model == "tiny" else (100, 20000)
+    span = max(rows[-1]["timestamp"] - rows[0]["timestamp"], 1) / 1000
     reqs = build_requests(rows, args.block_tokens, args.block_tokens / 512, args.max_tokens,
-                          args.time_scale, vocab)
+                          args.trace_duration / span, vocab)
     for r in reqs:
         del r["prompt"][args.max_prompt:]
-    parents = trace_parents(rows)
     return lambda url: run_trace(url, tok_dir, reqs, parents)
 
 
@@ -150,6 +153,9 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
             act = sum(m.get("mimo_router_actual_cached_tokens_total", {}).values())
             res["predicted_over_actual"] = round(pred / act, 4) if act else None
             res["decisions"] = m.get("mimo_router_decisions_total", {})
+            n = sum(m.get("mimo_router_decision_seconds_count", {}).values())
+            res["decision_ms_mean"] = round(1000 * sum(
+                m.get("mimo_router_decision_seconds_sum", {}).values()) / max(n, 1), 2)
         return res
     finally:
         for p in ([rt] if rt else []) + (ws or []):

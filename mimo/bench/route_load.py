@@ -37,20 +37,51 @@ def sessions(n: int, turns: int, shared: bool, system_words: int, user_words: in
 
 
 def trace_parents(rows) -> list[int | None]:
-    """For each trace request, the latest earlier one whose blocks are a prefix of its own
-    (the turn it continues), or None."""
-    last: dict[tuple, int] = {}
+    """For each trace request, the latest earlier one whose blocks (all, or all but its
+    partial last one) begin its own beyond the first block (the turn it continues), or None. Prefixes are named by chained hashes, so this
+    is linear in the trace's blocks."""
+    last: dict[int, int] = {}
     out: list[int | None] = []
     for j, r in enumerate(rows):
-        h = tuple(r["hash_ids"])
-        parent = None
-        for k in range(len(h) - 1, 0, -1):
-            if h[:k] in last:
-                parent = last[h[:k]]
+        chain, parent = [], None
+        key = 0
+        for h in r["hash_ids"]:
+            key = hash((key, h))
+            chain.append(key)
+        for k in range(len(chain) - 1, 0, -1):    # not on the shared first block alone
+            if chain[k] in last:
+                parent = last[chain[k]]
                 break
         out.append(parent)
-        last[h] = j
+        # A request's last block is usually partial: the next turn extends its full blocks.
+        for k in chain[-2:]:
+            last[k] = j
     return out
+
+
+def conversations(rows, n: int) -> tuple[list[dict], list[int | None]]:
+    """The first conversations of the trace (chains of requests that continue one another)
+    until they hold n requests: (their rows in time order, each one's parent index among
+    them). A time slice of the trace would hold few continuations: its turns are minutes
+    apart."""
+    parents = trace_parents(rows)
+    root: list[int] = []
+    for j, p in enumerate(parents):
+        root.append(root[p] if p is not None else j)
+    members: dict[int, list[int]] = {}
+    for j, r in enumerate(root):
+        members.setdefault(r, []).append(j)
+    chosen: list[int] = []
+    for r in sorted(members):
+        if len(members[r]) < 2:
+            continue
+        chosen.extend(members[r])
+        if len(chosen) >= n:
+            break
+    chosen.sort()
+    pos = {j: i for i, j in enumerate(chosen)}
+    return ([rows[j] for j in chosen],
+            [pos.get(parents[j]) if parents[j] is not None else None for j in chosen])
 
 
 async def _stream(client, url: str, path: str, body: dict, rec: dict) -> str:
@@ -60,6 +91,7 @@ async def _stream(client, url: str, path: str, body: dict, rec: dict) -> str:
     rec.update(ttft=None, cached=0, prompt=0)
     async with client.stream("POST", url + path, json=body) as resp:
         rec["worker"] = resp.headers.get("x-mimo-worker")
+        rec["predicted"] = int(resp.headers.get("x-mimo-predicted-cached-tokens", 0))
         if resp.status_code != 200:
             rec["error"] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
             return ""

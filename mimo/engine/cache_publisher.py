@@ -154,6 +154,7 @@ class CachePublisher:
         snap = self.mirror.snapshot() if self.mirror is not None else {FULL: [], SWA: []}
         c = self._client
         await c.sadd(ce.WORKERS, self.url)     # again after Redis lost its data
+        await c.set(ce.incarnation_key(self.url), self.incarnation)
         for kind in (FULL, SWA):
             name = ce.pages_key(self.incarnation, kind)
             await c.delete(name)

@@ -10,12 +10,13 @@
   mimo_router_stream_errors_total{worker}              streams under way that the worker broke
   mimo_router_decisions_total{how}                     score, fallback (Redis away), round-robin
   mimo_router_redis_errors_total{op}                   failed state reads and writes
+  mimo_router_decision_seconds                         time to decide (tokenize, read, score)
   mimo_router_inflight{worker}                         this replica's requests in flight
   mimo_router_worker_up{worker}                        1 healthy, 0 out of the routing set
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 
 class RouterMetrics:
@@ -39,6 +40,9 @@ class RouterMetrics:
         self.decisions = Counter("mimo_router_decisions", "Decisions", ["how"], registry=r)
         self.redis_errors = Counter("mimo_router_redis_errors", "Redis failures", ["op"],
                                     registry=r)
+        self.decision = Histogram("mimo_router_decision_seconds", "Time to decide",
+                                  buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25,
+                                           0.5, 1.0), registry=r)
         self.inflight = Gauge("mimo_router_inflight", "In-flight requests", w, registry=r)
         self.up = Gauge("mimo_router_worker_up", "Worker in the routing set", w, registry=r)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import httpx
 from starlette.background import BackgroundTask
@@ -21,6 +22,7 @@ from .router import Decision, NoWorker, Router
 log = logging.getLogger("mimo.router")
 
 WORKER_HEADER = "x-mimo-worker"     # which worker answered (clients may log it)
+PREDICTED_HEADER = "x-mimo-predicted-cached-tokens"   # what the router expected it to reuse
 PASS_HEADERS = ("authorization", "content-type", "accept", "openai-organization",
                 "openai-project", "x-request-id")
 
@@ -64,6 +66,7 @@ class Forwarder:
             body = None
         stream = isinstance(body, dict) and bool(body.get("stream"))
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
+        t0 = time.perf_counter()
         ids = await self.r.tokenize(kind, body)
         tried: set[str] = set()
         for _ in range(self.r.cfg.retries + 1):
@@ -71,6 +74,8 @@ class Forwarder:
                 d = await self.r.route(ids, frozenset(tried))
             except NoWorker:
                 break
+            if not tried:
+                self.r.metrics.decision.observe(time.perf_counter() - t0)
             tried.add(d.url)
             done = Done(self.r, d)
             try:
@@ -81,7 +86,7 @@ class Forwarder:
                 if not stream or resp.status_code != 200:
                     data = await resp.aread()
                     self._account(d, resp.status_code, self._usage_of(data))
-                    return Response(data, resp.status_code, headers={WORKER_HEADER: d.url},
+                    return Response(data, resp.status_code, headers=self._headers(d),
                                     media_type=resp.headers.get("content-type",
                                                                 "application/json"))
                 it = resp.aiter_raw()
@@ -92,7 +97,7 @@ class Forwarder:
                 relay = self._relay(d, done, it, first)
                 done.streaming = True     # the stream's end finishes it from here
                 return StreamingResponse(relay, media_type="text/event-stream",
-                                         headers={WORKER_HEADER: d.url},
+                                         headers=self._headers(d),
                                          background=BackgroundTask(done.finish))
             except (httpx.TransportError, httpx.StreamError) as e:
                 if isinstance(e, httpx.ReadTimeout):
@@ -107,6 +112,10 @@ class Forwarder:
                     await done.finish()
         return error_json(503, "no worker could take the request", "server_error",
                           "no_worker")
+
+    @staticmethod
+    def _headers(d: Decision) -> dict[str, str]:
+        return {WORKER_HEADER: d.url, PREDICTED_HEADER: str(d.predicted)}
 
     @staticmethod
     def _usage_of(data: bytes) -> int | None:

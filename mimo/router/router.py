@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import time
 from array import array
 from dataclasses import dataclass
 
@@ -65,7 +66,9 @@ class Router:
         self.healthy: dict[str, bool] = {w: True for w in cfg.workers}
         self.inflight: dict[str, int] = {}
         self._rr = itertools.count()
-        self._decide_lock = asyncio.Lock()
+        # This replica's own pending marks ({incarnation: (full, SWA) {key: expiry}}): the
+        # ones in Redis may land after the next decision's read.
+        self._pending: dict[str, tuple[dict[bytes, float], dict[bytes, float]]] = {}
         self._tasks: list[asyncio.Task] = []
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout, connect=3.0),
                                       limits=httpx.Limits(max_connections=2048,
@@ -112,6 +115,13 @@ class Router:
             except StateUnavailable:
                 pass
             self._count_redis_errors()
+        now = time.monotonic()
+        for inc in list(self._pending):
+            for part in self._pending[inc]:
+                for k in [k for k, t in part.items() if t <= now]:
+                    del part[k]
+            if not any(self._pending[inc]):
+                del self._pending[inc]
         ok = await asyncio.gather(*(self._health(w) for w in self.members))
         self.healthy = dict(zip(self.members, ok))
         for w, up in self.healthy.items():
@@ -150,12 +160,19 @@ class Router:
 
     async def route(self, ids: list[int] | None, exclude: frozenset[str] = frozenset()
                     ) -> Decision:
-        """Decide and count the request in flight, one decision at a time in this replica:
-        requests arriving together would otherwise all read the same state and pile onto
-        one worker before any of them is counted."""
-        async with self._decide_lock:
-            d = await self.decide_ids(ids, exclude)
-            await self.begin(d)
+        """Decide and count the request in flight. This replica's own in-flight counts come
+        from memory (exact), the others' from Redis; between the state read and the count
+        nothing awaits, so requests arriving together see each other and spread instead of
+        all reading the same state and piling onto one worker."""
+        d = await self.decide_ids(ids, exclude)
+        if d.pending is not None:         # seen by this replica's next decision at once
+            until = time.monotonic() + PENDING_MS / 1000
+            mine = self._pending.setdefault(d.pending.incarnation, ({}, {}))
+            for part, keys in zip(mine, (d.pending.full, d.pending.swa)):
+                part.update(dict.fromkeys(keys, until))
+        self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
+        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
+        await self._inflight_add(d.url, 1)
         if d.pending is not None and self.state is not None:
             try:
                 await self.state.mark_pending(d.pending.incarnation, d.pending.full,
@@ -165,11 +182,6 @@ class Router:
         return d
 
     # ---- in-flight ----------------------------------------------------------------------
-    async def begin(self, d: Decision) -> None:
-        self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
-        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
-        await self._inflight_add(d.url, 1)
-
     async def end(self, d: Decision) -> None:
         self.inflight[d.url] = self.inflight.get(d.url, 0) - 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
@@ -231,13 +243,19 @@ class Router:
             pred = 0
             if hb is not None and w in pages:
                 full_ok, swa_ok, full_p, swa_p = pages[w]
+                mine = self._pending.get(hb.incarnation)
+                if mine is not None:
+                    keys, now = keys_for(hb.fingerprint, hb.page_size), time.monotonic()
+                    full_p = [a or mine[0].get(k, 0) > now for a, k in zip(full_p, keys)]
+                    swa_p = [a or mine[1].get(k, 0) > now for a, k in zip(swa_p, keys)]
                 hyb = hb.mode == "hybrid"
                 pred = policy.predicted_tokens(full_ok, swa_ok if hyb else None,
                                                hb.window, hb.page_size, hb.rebuild)
                 expect[w] = policy.predicted_tokens(full_p, swa_p if hyb else None,
                                                     hb.window, hb.page_size, hb.rebuild)
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
-            cands.append(policy.Candidate(w, pred, snap.inflight.get(w, 0) + queued))
+            flight = snap.inflight.get(w, 0) + self.inflight.get(w, 0)
+            cands.append(policy.Candidate(w, pred, flight + queued))
         # The score credits what workers hold; a prefix that requests in flight are only now
         # computing (a shared system prompt's first wave) must not pull the others after it,
         # or they pile up there. The prediction counts it: by admission it is there.

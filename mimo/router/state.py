@@ -54,7 +54,7 @@ class Heartbeat:
 @dataclass
 class Snapshot:
     heartbeats: dict[str, Heartbeat] = field(default_factory=dict)
-    inflight: dict[str, int] = field(default_factory=dict)   # all routers, per worker
+    inflight: dict[str, int] = field(default_factory=dict)   # other routers', per worker
 
 
 class RouterState:
@@ -108,7 +108,7 @@ class RouterState:
         for w, raw in zip(workers, res[:len(workers)]):
             if raw is not None:
                 snap.heartbeats[w] = Heartbeat.parse(raw)
-        routers = [r.decode() for r in res[-1]]
+        routers = [r.decode() for r in res[-1] if r.decode() != self.id]   # ours: in memory
         pipe = c.pipeline(transaction=False)
         for r in routers:
             pipe.hgetall(ce.inflight_key(r))
