@@ -39,6 +39,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="tiny (a random tiny Gemma 3, written to a temporary directory), or "
                         "what server.py --model takes")
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=2,
+                   help="rounds per workload, the routers alternating; figures are medians")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
     p.add_argument("--routers", default="round-robin,mimo")
     p.add_argument("--sessions", type=int, default=20)
@@ -62,6 +64,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "its own core) are not starved by the workers' compute (0: off)")
     p.add_argument("--max-prompt", type=int, default=3500,
                    help="trace prompts are cut to this many tokens (the model's context)")
+    p.add_argument("--records", default=None,
+                   help="append every run's per-request records (JSON lines) to this file")
     p.add_argument("--plot", default=None, help="write the figures to this PNG")
     return p
 
@@ -146,6 +150,9 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
             import time
             time.sleep(1.0)         # the workers' first heartbeats are in
         recs = asyncio.run(work(url))
+        if args.records:
+            with open(args.records, "a") as f:
+                f.write(json.dumps({"router": router, "records": recs}) + "\n")
         res = summarize(recs, [w.url for w in ws] if router is not None else None)
         if rt is not None and router == "mimo":
             m = rt.counters()
@@ -178,13 +185,33 @@ def measure(args) -> dict:
         if wl not in WORKLOADS:
             raise SystemExit(f"unknown workload {wl!r} (choose from {', '.join(WORKLOADS)})")
         work = _workload(args, wl, model)
-        res = {"one_worker": _one_run(args, model, work, None)}
-        log(f"{wl}: one worker with all the memory: {json.dumps(res['one_worker'])}")
-        for r in routers:
-            res[r] = _one_run(args, model, work, r)
-            log(f"{wl}: {r}: {json.dumps(res[r])}")
+        runs: dict[str, list[dict]] = {"one_worker": [], **{r: [] for r in routers}}
+        pairs: list[float] = []
+        for rep in range(args.repeats):
+            # Rounds alternate the routers (the reference first, order reversed every other
+            # round), so a machine shared with other jobs loads them alike.
+            order = ["one_worker"] + (routers if rep % 2 == 0 else routers[::-1])
+            for r in order:
+                runs[r].append(_one_run(args, model, work, None if r == "one_worker" else r))
+                log(f"{wl}: {r} (round {rep + 1}): {json.dumps(runs[r][-1])}")
+            if "mimo" in runs and "round-robin" in runs and runs["round-robin"][-1]["ttft_p90"]:
+                pairs.append(runs["mimo"][-1]["ttft_p90"] / runs["round-robin"][-1]["ttft_p90"])
+        res = {r: _median_run(v) for r, v in runs.items()}
+        if pairs:
+            res["ttft_p90_ratio_per_round"] = [round(x, 4) for x in pairs]
         out["results"][wl] = res
     out["targets"] = targets(out["results"])
+    return out
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """Each numeric figure's median over the rounds (the rest from the first round)."""
+    import statistics
+    out = dict(runs[0])
+    for k, v in runs[0].items():
+        if isinstance(v, (int, float)) and all(isinstance(r.get(k), (int, float)) for r in runs):
+            out[k] = round(statistics.median(r[k] for r in runs), 4)
+    out["rounds"] = len(runs)
     return out
 
 
@@ -197,7 +224,11 @@ def targets(results: dict) -> dict:
         if one:
             t[f"{wl}_cached_vs_one_worker"] = round(m["cached_fraction"] /
                                                     max(one["cached_fraction"], 1e-9), 4)
-        if rr and rr.get("ttft_p90"):
+        if res.get("ttft_p90_ratio_per_round"):
+            import statistics
+            t[f"{wl}_ttft_p90_vs_round_robin"] = round(
+                statistics.median(res["ttft_p90_ratio_per_round"]), 4)
+        elif rr and rr.get("ttft_p90"):
             t[f"{wl}_ttft_p90_vs_round_robin"] = round(m["ttft_p90"] / rr["ttft_p90"], 4)
         if wl == "shared":
             t["shared_max_over_mean"] = m["max_over_mean"]
@@ -216,7 +247,8 @@ def plot(res: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     wls = list(res["results"])
-    routers = ["one_worker"] + [r for r in next(iter(res["results"].values())) if r != "one_worker"]
+    routers = ["one_worker"] + [r for r in next(iter(res["results"].values()))
+                                if r not in ("one_worker", "ttft_p90_ratio_per_round")]
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for ax, key, title in zip(axes, ("cached_fraction", "ttft_p90", "max_over_mean"),
                               ("cached-token fraction", "TTFT p90 (s)", "max/mean requests")):

@@ -16,7 +16,7 @@ class RouterConfig:
     port: int = 8100
     model: str | None = "gemma-3-270m"  # the workers' model, for its tokenizer and template
     match_weight: float = 1.0
-    load_token_unit: int = 1024         # heartbeat uncached tokens per unit of load
+    load_token_unit: int = 4096         # heartbeat uncached tokens per unit of load
     health_interval: float = 1.0
     retries: int = 2                    # other workers tried when one fails before a byte
     fallback_pages: int = 4             # pages hashed when Redis is away
@@ -62,9 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of the predicted cached fraction against normalized load "
                         "(default 1: a worker with one mean load + 1 more requests in "
                         "flight than another must hold the whole prompt more to win)")
-    p.add_argument("--load-token-unit", type=int, default=1024, metavar="TOKENS",
+    p.add_argument("--load-token-unit", type=int, default=4096, metavar="TOKENS",
                    help="uncached tokens queued on a worker that weigh as one in-flight "
-                        "request in its load (default 1024)")
+                        "request in its load (default 4096)")
     p.add_argument("--health-interval", type=float, default=1.0, metavar="SECONDS",
                    help="seconds between /health checks of each worker")
     p.add_argument("--retries", type=int, default=2,
