@@ -154,6 +154,9 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
             with open(args.records, "a") as f:
                 f.write(json.dumps({"router": router, "records": recs}) + "\n")
         res = summarize(recs, [w.url for w in ws] if router is not None else None)
+        if res["errors"]:
+            for w in ws:
+                log(f"worker {w.url} log tail:\n{w.log_tail(2000)}")
         if rt is not None and router == "mimo":
             m = rt.counters()
             pred = sum(m.get("mimo_router_measured_predicted_tokens_total", {}).values())

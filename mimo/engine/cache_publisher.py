@@ -115,7 +115,7 @@ class CachePublisher:
                     self._client = open_redis(self.redis_url)
                 if not self._started:
                     await self._begin()
-                if self._resync:
+                if self._resync or (self.mirror is not None and self.mirror.resync):
                     await self._write_all()
                 else:
                     await self._flush()

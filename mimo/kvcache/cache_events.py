@@ -19,12 +19,15 @@ spreads over a cluster.
 """
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Hashable
 
 from .radix_node import Node
 from .radix_tree import RadixTree
 from .tiers.keys import FULL, SWA, KeyChain
+
+log = logging.getLogger("mimo.router.publish")
 
 PREFIX = "{mimo:rt}"
 WORKERS = PREFIX + ":workers"                 # set: worker URLs in the routing set
@@ -61,13 +64,58 @@ class TreeMirror:
         self.sets: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
         self.delta: dict[tuple[str, bytes], bool] = {}
         self.lock = threading.Lock()
+        self.resync = False         # set after a recovery: the publisher rewrites everything
         self._ns: dict[int, Hashable] = {}
         # Called on the engine thread after a change: wakes the publisher.
         self.on_change: Callable[[], object] | None = None
         tree.listeners.append(self)
 
     # ---- TreeListener --------------------------------------------------------------------
+    # Publishing must never fail a request: a listener error (a bug) is logged and the
+    # mirror rebuilt from the whole tree, which the publisher then writes whole.
     def inserted(self, tokens, namespace: Hashable) -> None:
+        try:
+            self._inserted(tokens, namespace)
+        except Exception:  # noqa: BLE001
+            self._recover()
+
+    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+        try:
+            self._evicted(node, full_idx, swa_idx)
+        except Exception:  # noqa: BLE001
+            self._recover()
+
+    def _recover(self) -> None:
+        log.exception("cache publishing: rebuilding the mirror from the tree")
+        try:
+            self._rebuild()
+        except Exception:  # noqa: BLE001 - give up publishing, never the request
+            log.exception("cache publishing: rebuilding failed; publishing stops")
+            with self.lock:
+                self.sets, self.delta, self.resync = {FULL: set(), SWA: set()}, {}, True
+            if self in self.tree.listeners:
+                self.tree.listeners.remove(self)
+        if self.on_change is not None:
+            self.on_change()
+
+    def _rebuild(self) -> None:
+        """Every node's keys chained afresh from its root (stored keys are not trusted)."""
+        with self.lock:
+            self.sets = {FULL: set(), SWA: set()}
+            for ns, root in list(self.tree._roots.items()):
+                stack = [(c, self.keys.root(ns)) for c in root.children.values()]
+                while stack:
+                    node, prev = stack.pop()
+                    node.keys = self.keys.extend(prev, node.tokens)
+                    self.sets[FULL].update(node.keys)
+                    if self.hybrid:
+                        assert node.swa is not None
+                        self.sets[SWA].update(k for k, x in zip(node.keys, node.swa) if x >= 0)
+                    stack.extend((c, node.keys[-1]) for c in node.children.values())
+            self.delta = {}
+            self.resync = True
+
+    def _inserted(self, tokens, namespace: Hashable) -> None:
         changed = False
         with self.lock:
             for node, k in self.tree.path_nodes(tokens, namespace):
@@ -80,7 +128,7 @@ class TreeMirror:
         if changed and self.on_change is not None:
             self.on_change()
 
-    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+    def _evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
         keys = self._node_keys(node)
         with self.lock:
             for i in full_idx:
@@ -101,6 +149,7 @@ class TreeMirror:
         """The whole state; pending changes are part of it (and dropped from `delta`)."""
         with self.lock:
             self.delta = {}
+            self.resync = False
             return {k: list(v) for k, v in self.sets.items()}
 
     # ---- helpers ---------------------------------------------------------------------------

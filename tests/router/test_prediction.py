@@ -94,3 +94,25 @@ TestPrompts = MirroredPrompts.TestCase
 TestPrompts.settings = settings(SETTINGS, max_examples=60)
 TestFullKV = MirroredFullKV.TestCase
 TestFullKV.settings = settings(SETTINGS, max_examples=40)
+
+
+def test_a_listener_error_never_reaches_the_tree_and_the_mirror_recovers():
+    """A broken node key (standing for a bug in the listener) must not fail the insert: the
+    mirror rebuilds itself from the whole tree and asks the publisher for a full rewrite."""
+    from mimo.kvcache.allocator import PageAllocator
+    from mimo.kvcache.radix_tree import RadixTree
+    from mimo.kvcache.retention import RetentionPolicy
+    fa, sa = PageAllocator(32, "full"), PageAllocator(32, "swa")
+    tree = RadixTree(4, 3, fa, sa, RetentionPolicy(keep_all=True))
+    m = TreeMirror(tree, KeyChain(b"fp", 4))
+    a = list(range(1, 17))
+    tree.insert(a, fa.alloc(4), sa.alloc(4))
+    (node, _), = tree.path_nodes(a)
+    node.keys = []                      # corrupt: the next insert below it cannot chain
+    b = a + [9, 9, 9, 9]
+    tree.insert(b, list(tree.path_pages(a)[0]) + fa.alloc(1),
+                list(tree.path_pages(a)[1]) + sa.alloc(1))
+    assert m.resync
+    chain = KeyChain(b"fp", 4)
+    assert m.sets[FULL] == set(chain.page_keys(b)) and m.sets[SWA] == set(chain.page_keys(b))
+    assert tree.peek(b + [1]) == 20
