@@ -12,7 +12,9 @@ MAX_LOGPROBS = 20           # top alternatives per position (OpenAI's top_logpro
 class SamplingParams:
     """temperature 0 means greedy. top_k 0 (or -1) and top_p 1.0 disable those filters.
     Generation ends after `max_tokens` tokens, or at an EOS / `stop_token_ids` token (which
-    is kept in the output) unless `ignore_eos`.
+    is kept in the output) unless `ignore_eos`. Under a `constraint` the grammar wins: an EOS
+    it allows ends the request even with `ignore_eos`, and `min_tokens` never bans the EOS
+    of a complete document (the grammar allows nothing else there).
 
     Logit processing, in this order, before temperature / min_p / top-k / top-p:
     `constraint` (a grammar: disallowed tokens get -inf; anything with `matcher()`, see

@@ -110,8 +110,8 @@ class Sequence:
     def append(self, token: int) -> None:
         self.output_ids.append(token)
         p = self.params
-        if not p.ignore_eos and token in self.eos_ids:
-            self.finish_reason = "stop"
+        if token in self.eos_ids and (not p.ignore_eos or self.matcher is not None):
+            self.finish_reason = "stop"     # (under a grammar, the EOS it allowed)
         elif token in p.stop_token_ids:
             self.finish_reason = "stop"
         elif len(self.output_ids) >= p.max_tokens:

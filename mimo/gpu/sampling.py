@@ -29,7 +29,13 @@ def process_logits(logits: torch.Tensor, params, prompt_ids: Sequence[int],
     if len(prior) < params.min_tokens:
         ban = [t for t in (set(eos_ids) | set(params.stop_token_ids)) if t < V]
         if ban:
-            x[torch.tensor(ban, dtype=torch.int64)] = float("-inf")
+            ban_t = torch.tensor(ban, dtype=torch.int64)
+            rest = None if allowed is None else allowed[:V].clone()
+            if rest is not None:
+                rest[ban_t] = False
+            # Not when the grammar allows nothing else (its document is complete).
+            if rest is None or bool(rest.any()):
+                x[ban_t] = float("-inf")
     if params.repetition_penalty != 1.0:
         seen = torch.unique(torch.tensor(list(prompt_ids) + list(prior), dtype=torch.int64))
         seen = seen[seen < V]
@@ -233,7 +239,8 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
         s = seqs[i]
         p = s.params
         if _reshapes(p):
-            logits[j] = process_logits(logits[j], p, s.prompt_ids, s.output_ids, s.eos_ids)
+            logits[j] = process_logits(logits[j], p, s.prompt_ids, s.output_ids, s.eos_ids,
+                                       allowed[i])
         if p.temperature == 0:
             argmax_rows.append(j)
         else:

@@ -100,3 +100,31 @@ def test_batched_masks_equal_each_matchers_own(tiny_dir):
     for m, row in zip(matchers, rows):
         assert torch.equal(row, m.allowed())
     assert len({r.sum().item() for r in rows}) > 1     # the states differ
+
+
+@pytest.mark.parametrize("spec", [None, "ngram"])
+@pytest.mark.parametrize("temperature", [0.0, 0.9])
+def test_the_grammar_wins_over_min_tokens_and_ignore_eos(tiny_dir, temperature, spec):
+    """A document that completes before min_tokens, or under ignore_eos, ends at the EOS its
+    grammar allows: no row of banned-everything logits (which failed the whole batch), no
+    tokens past the document; an unconstrained request in the same batch is unaffected."""
+    kw = {"speculative": spec, "num_draft_tokens": 4} if spec else {}
+    llm = build(tiny_dir, **kw)
+    eng = llm.engine
+    vocab = grammar_vocab(llm.tokenizer, eng.model_config.vocab_size, eng.eos_ids)
+    prompt = llm.tokenizer.encode("JSON:")
+    schema = {"type": "boolean"}
+    seqs = [eng.add_request(prompt, SamplingParams(
+        max_tokens=40, temperature=temperature, seed=i, constraint=Grammar.json_schema(
+            schema, vocab), **opt)) for i, opt in enumerate(
+        [{"min_tokens": 30}, {"ignore_eos": True}, {"min_tokens": 30, "ignore_eos": True}])]
+    free = eng.add_request(prompt, SamplingParams(max_tokens=12, temperature=temperature,
+                                                  min_tokens=12, seed=7))
+    while any(q.finish_reason is None for q in seqs + [free]):
+        eng.step()
+    eng.check_integrity()
+    for q in seqs:
+        assert q.finish_reason == "stop"
+        assert q.output_ids[-1] in eng.eos_ids
+        assert json.loads(llm.tokenizer.decode(q.output_ids[:-1])) in (True, False)
+    assert free.finish_reason == "length" and len(free.output_ids) == 12
