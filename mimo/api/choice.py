@@ -108,7 +108,8 @@ class Choice:
             content, reasoning = self.parser.out.content, self.parser.out.reasoning or None
         msg: dict = {"role": "assistant", "content": content}
         if self.calls:
-            msg["content"] = content.strip() or None
+            # The parser dropped the whitespace around the calls (streamed the same way).
+            msg["content"] = content or None
             if self.legacy:
                 msg["function_call"] = self.tool_call(0)["function"]
             else:

@@ -22,6 +22,7 @@ from ..tools import OutputParser
 from .chat_pipeline import chat_request
 from .choice import Choice
 from .errors import error_body, error_response, to_api_error
+from .response_format import closed
 from .schemas import GenerationSpec
 
 
@@ -83,9 +84,10 @@ class Responder:
         for i in range(n):
             parser = None
             if spec.kind == "chat":
-                schemas = {t.name: t.parameters for t in tools.tools} if tools else {}
+                decl = tools.tools if tools else ()
                 parser = OutputParser(self.s.tool_format, tools is not None and tools.active,
-                                      True, schemas)
+                                      True, {t.name: t.parameters for t in decl},
+                                      {t.name: closed(t.parameters) for t in decl if t.strict})
             out.append(Choice(i, spec, self.s.tokenizer, parser))
         return out
 

@@ -7,11 +7,22 @@ held back until it is decided. A call is looked for everywhere, also inside the 
 block (MiMo-V2-Flash writes calls there despite its template's instructions; a call found
 there is a call, not reasoning). A block that does not parse as calls stays text; an
 unterminated block at the end (a model that stops without the closing tag) is a call if it
-parses, else text.
+parses, else text. A parsed call the client cannot take stays text too: one naming a function
+it did not declare, or one of a strict function whose arguments do not validate against the
+function's schema (`strict`: name -> the schema to validate with).
+
+With tools on, content that is whitespace only so far is held back until text that is not
+whitespace follows, or the output ends: there it is dropped if calls were found, else
+emitted. So the trailing whitespace around a call ("Sure.\n\n<tool_call>...") is in neither
+the streamed deltas nor the whole answer, and the two assemble exactly.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
 
 from .formats import Marker, ToolCall, ToolFormat
 
@@ -28,10 +39,16 @@ Event = tuple[str, object]      # ("content" | "reasoning", str) or ("call", Too
 
 class OutputParser:
     def __init__(self, fmt: ToolFormat, tools: bool, reasoning: bool = True,
-                 schemas: dict | None = None):
+                 schemas: dict | None = None, strict: dict | None = None):
+        """`schemas`: the declared functions' argument schemas by name (with tools on, a call
+        to any other name is text); `strict`: name -> schema its arguments must satisfy."""
         self.markers: tuple[Marker, ...] = fmt.markers if tools else ()
         self.think = fmt.reasoning if reasoning else None
+        self.declared = schemas is not None     # None: any name is taken (no declarations)
         self.schemas = schemas or {}
+        self.strict = strict or {}
+        self._validators: dict[str, Any] = {}
+        self.ws = ""            # held-back whitespace-only content (tools on)
         self.mode = "start" if self.think else "content"
         self.buf = ""
         self.call: Marker | None = None
@@ -46,9 +63,21 @@ class OutputParser:
         return self._drain(False)
 
     def finish(self) -> list[Event]:
-        return self._drain(True)
+        events = self._drain(True)
+        if self.ws and not self.out.calls:
+            self._put(events, "content", self.ws)
+        self.ws = ""
+        return events
 
     def _emit(self, events: list[Event], kind: str, value) -> None:
+        if kind == "content" and self.markers and value:
+            value = self.ws + value
+            body = value.rstrip()
+            self.ws = value[len(body):]
+            value = body
+        self._put(events, kind, value)
+
+    def _put(self, events: list[Event], kind: str, value) -> None:
         if kind == "call":
             self.out.calls.append(value)
         elif not value:
@@ -64,11 +93,31 @@ class OutputParser:
 
     def _block(self, events: list[Event], m: Marker, block: str, closed: bool) -> None:
         calls = m.parse(block, self.schemas)
-        if calls:
+        if calls and all(self._takes(c) for c in calls):
             for c in calls:
                 self._emit(events, "call", c)
         else:
             self._emit(events, self._text_kind(), m.start + block + (m.end if closed else ""))
+
+    def _takes(self, call: ToolCall) -> bool:
+        """The client declared this function, and a strict one's arguments validate."""
+        if self.declared and call.name not in self.schemas:
+            return False
+        schema = self.strict.get(call.name)
+        if schema is None:
+            return True
+        v = self._validators.get(call.name)
+        if v is None:
+            try:
+                cls = jsonschema.validators.validator_for(schema)
+                cls.check_schema(schema)
+            except jsonschema.SchemaError:
+                return False        # nothing validates against a broken schema
+            v = self._validators[call.name] = cls(schema)
+        try:
+            return bool(v.is_valid(json.loads(call.arguments)))
+        except Exception:  # noqa: BLE001 - a $ref that resolves nowhere: no valid arguments
+            return False
 
     def _text_kind(self) -> str:
         return "reasoning" if self.mode == "reasoning" else "content"

@@ -130,8 +130,11 @@ def test_streamed_deltas_assemble_into_the_message(any_server, tokenizer, text):
     assert finish == "tool_calls"
     assert "".join(reasoning) == whole.reasoning_content
     assert len(reasoning) > 1                     # streamed as it came, not at the end
-    # Non-streamed, text around a call is stripped (and None when nothing is left).
-    assert ("".join(content).strip() or None) == whole.content
+    # The whitespace around a call is neither streamed nor in the message (None when nothing
+    # is left): the deltas assemble into exactly the message's content.
+    assert "".join(content) == (whole.content or "")
+    if text == "after":
+        assert content == [] and whole.content is None      # "\n\n" before the call
     assert not any("<" in c for c in content + reasoning)     # no partial tag ever leaks
     assert [(c["name"], c["arguments"]) for _, c in sorted(calls.items())] == \
         [(c.function.name, c.function.arguments) for c in whole.tool_calls]
@@ -144,6 +147,40 @@ def test_without_tools_the_call_stays_text(servers, tokenizer):
     assert ch.message.reasoning_content == WANT["after"][0]
     assert ch.message.tool_calls is None and ch.finish_reason == "stop"
     assert ch.message.content == "".join(fm.AFTER[4:-1])
+
+
+def _strict_weather(maximum_days: int) -> dict:
+    params = {**WEATHER, "properties": {**WEATHER["properties"],
+                                        "days": {"type": "integer", "maximum": maximum_days}}}
+    return {"type": "function", "function": {"name": "get_weather", "strict": True,
+                                             "parameters": params}}
+
+
+@pytest.mark.parametrize("case", ["undeclared", "strict-invalid"])
+def test_a_call_the_client_cannot_take_is_content(servers, tokenizer, case):
+    """tool_choice auto: the model calls get_weather(city="Paris", days=3). Declared tools
+    without get_weather, or a strict get_weather whose schema caps days at 2: no tool_calls,
+    the call's text is the content (streamed the same), finish_reason stop."""
+    tools = [TOOLS[1]] if case == "undeclared" else [_strict_weather(2), TOOLS[1]]
+    client = _client(servers["plain"])
+    r = _ask(client, tokenizer, "after", tools=tools)
+    ch = r.choices[0]
+    assert ch.message.tool_calls is None and ch.finish_reason == "stop"
+    assert ch.message.content == "".join(fm.AFTER[4:-1])
+    assert ch.message.reasoning_content == WANT["after"][0]
+    content, finish = [], None
+    for chunk in _ask(client, tokenizer, "after", tools=tools, stream=True):
+        for c in chunk.choices:
+            assert not c.delta.tool_calls
+            content.append(c.delta.content or "")
+            finish = c.finish_reason or finish
+    assert "".join(content) == ch.message.content and finish == "stop"
+
+
+def test_a_strict_call_whose_arguments_validate_is_a_call(servers, tokenizer):
+    r = _ask(_client(servers["plain"]), tokenizer, "after", tools=[_strict_weather(3)])
+    assert _calls(r.choices[0].message) == WANT["after"][2]
+    assert r.choices[0].finish_reason == "tool_calls"
 
 
 def test_logprobs_are_the_raw_distribution_with_and_without_mtp(servers, tokenizer):

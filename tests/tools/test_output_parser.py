@@ -1,7 +1,9 @@
 """The tool-call and reasoning parsers on a table of outputs in each family's real format
 (MiMo-V2-Flash's XML calls, Hermes JSON calls of Qwen2.5 / SmolLM2, Gemma's tool_code), calls
 inside and after thinking blocks included; and streaming: the output fed in pieces split at
-every position gives exactly the events of the whole."""
+every position gives exactly the events of the whole. Whitespace around calls is held back and
+dropped (streamed and whole alike); a call the client cannot take (an undeclared function, a
+strict function's invalid arguments) stays text."""
 from __future__ import annotations
 
 import json
@@ -32,7 +34,7 @@ TABLE = [
     ("mimo-think-then-call", "mimo",
      "<think>The user wants the weather.</think>\n<tool_call>\n<function=get_weather>\n"
      "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
-     "</tool_call>", "The user wants the weather.", "\n", [W]),
+     "</tool_call>", "The user wants the weather.", "", [W]),
     ("mimo-call-inside-think", "mimo",
      "<think>I should look it up. <tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
      "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call> done</think>"
@@ -41,7 +43,7 @@ TABLE = [
      "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>"
      "\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=search>\n"
      "<parameter=query>\nhybrid attention\n</parameter>\n<parameter=filters>\n{\"year\": 2025}\n"
-     "</parameter>\n</function>\n</tool_call>", "", "\n", [W, S]),
+     "</parameter>\n</function>\n</tool_call>", "", "", [W, S]),
     ("mimo-json-call", "mimo",
      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
      '</tool_call>', "", "", [W]),
@@ -61,7 +63,7 @@ TABLE = [
      "", "", [W]),
     ("hermes-text-then-call", "hermes",
      'Let me check.\n<tool_call>\n{"name": "search", "arguments": {"query": "hybrid attention", '
-     '"filters": {"year": 2025}}}\n</tool_call>', "", "Let me check.\n", [S]),
+     '"filters": {"year": 2025}}}\n</tool_call>', "", "Let me check.", [S]),
     ("hermes-list", "hermes",
      '<tool_call>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
      '{"name": "search", "arguments": {"query": "hybrid attention", "filters": {"year": 2025}}}]'
@@ -84,6 +86,26 @@ TABLE = [
     ("gemma-json", "gemma",
      'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
      '</tool_call>', "", "Sure.", [W]),
+    # ---- whitespace around calls: dropped when calls are found, kept in plain text
+    ("hermes-whitespace-around-calls", "hermes",
+     '\n\n<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}'
+     '</tool_call>\n \n<tool_call>{"name": "search", "arguments": {"query": "hybrid attention", '
+     '"filters": {"year": 2025}}}</tool_call>\n\n', "", "", [W, S]),
+    ("hermes-text-between-calls", "hermes",
+     '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}</tool_call>'
+     '\n\nThen \n<tool_call>{"name": "search", "arguments": {"query": "hybrid attention", '
+     '"filters": {"year": 2025}}}</tool_call> \n', "", "\n\nThen", [W, S]),
+    ("hermes-plain-text-keeps-whitespace", "hermes", "\n\nNo call here. \n\n", "",
+     "\n\nNo call here. \n\n", []),
+    # ---- calls the client cannot take stay text
+    ("hermes-undeclared-function", "hermes",
+     'Sure. <tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', "",
+     'Sure. <tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', []),
+    ("gemma-undeclared-tool-code", "gemma", '```tool_code\nos_system(cmd="x")\n```', "",
+     '```tool_code\nos_system(cmd="x")\n```', []),
+    ("mimo-undeclared-xml", "mimo",
+     "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", "",
+     "<tool_call>\n<function=get_time>\n</function>\n</tool_call>", []),
     ("gemma-code-not-a-call", "gemma", "```tool_code\nprint(1 +)\n```", "",
      "```tool_code\nprint(1 +)\n```", []),
 ]
@@ -129,3 +151,34 @@ def test_tools_off_leaves_calls_as_text():
     text = '<tool_call>{"name": "get_weather", "arguments": {}}</tool_call>'
     out, _ = run("hermes", [text], tools=False)
     assert out.content == text and not out.calls
+
+
+STRICT = {"get_weather": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer", "maximum": 2}},
+    "required": ["city"], "additionalProperties": False}}
+
+
+@pytest.mark.parametrize("text,is_call", [
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}</tool_call>',
+     False),                                                    # days over the maximum
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}</tool_call>',
+     False),                                                    # a property not listed
+    ('<tool_call>{"name": "get_weather", "arguments": {"days": 1}}</tool_call>', False),
+    ('<tool_call>{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}</tool_call>',
+     True),
+    ('<tool_call>{"name": "search", "arguments": {"query": 5}}</tool_call>', True),  # not strict
+])
+def test_strict_functions_take_only_valid_arguments(text, is_call):
+    for pieces in ([text], list(text)):
+        p = OutputParser(FORMATS["hermes"], True, True, SCHEMAS, STRICT)
+        events = [e for piece in pieces for e in p.feed(piece)] + p.finish()
+        assert bool(p.out.calls) == is_call
+        assert p.out.content == ("" if is_call else text)
+        assert "".join(v for k, v in events if k == "content") == p.out.content
+
+
+def test_no_declarations_take_any_name():
+    p = OutputParser(FORMATS["hermes"], True)
+    p.feed('<tool_call>{"name": "anything", "arguments": {}}</tool_call>')
+    p.finish()
+    assert [c.name for c in p.out.calls] == ["anything"]

@@ -16,6 +16,7 @@ class Tool:
     name: str
     description: str
     parameters: dict          # a JSON schema of the arguments object
+    strict: bool = False      # function.strict: the arguments must validate (OpenAI's strict)
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def _function(f, where: str, param: str) -> Tool:
                           f"{kind_of(params)}", param)
     if "strict" in f and not isinstance(f["strict"], bool):
         raise bad_request(f"'{where}.strict' must be a boolean", param)
-    return Tool(name, desc or "", params)
+    return Tool(name, desc or "", params, bool(f.get("strict")))
 
 
 def _tools(body: dict) -> tuple[tuple[Tool, ...], bool]:
