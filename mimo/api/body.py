@@ -9,7 +9,7 @@ import json
 
 from starlette.requests import ClientDisconnect
 
-from .errors import APIError, bad_request
+from .errors import BodyIncomplete, BodyTimeout, BodyTooLarge, bad_request
 
 
 async def _read(request, max_bytes: int) -> bytes:
@@ -18,10 +18,10 @@ async def _read(request, max_bytes: int) -> bytes:
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_bytes:
-                raise APIError(413, f"request body over {max_bytes} bytes")
+                raise BodyTooLarge(max_bytes)
             chunks.append(chunk)
     except ClientDisconnect:
-        raise APIError(400, "client disconnected while sending the body") from None
+        raise BodyIncomplete() from None
     return b"".join(chunks)
 
 
@@ -69,12 +69,11 @@ def check_unicode(body) -> None:
 async def read_json(request, max_bytes: int, timeout: float) -> object:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise APIError(413, f"request body over {max_bytes} bytes")
+        raise BodyTooLarge(max_bytes)
     try:
         raw = await asyncio.wait_for(_read(request, max_bytes), timeout)
     except asyncio.TimeoutError:
-        raise APIError(408, f"request body not received within {timeout:g} s",
-                       code="request_timeout") from None
+        raise BodyTimeout(timeout) from None
     if not raw.strip():
         raise bad_request("request body is empty; expected a JSON object")
     try:

@@ -48,6 +48,90 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, "invalid_request_error", param, code)
 
 
+# ---- typed faults of the HTTP layer: raised by name, given their status only here --------
+class ModelNotFound(Exception):
+    """The body (or path) names a model this server does not serve."""
+
+    def __init__(self, model: object, served: str):
+        super().__init__(f"model {model!r} does not exist")
+        self.model, self.served = model, served
+
+
+class Unauthorized(Exception):
+    """No or a wrong API key; `where`: what needed it, for the message."""
+
+    def __init__(self, where: str = ""):
+        super().__init__("missing or invalid API key")
+        self.where = where
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, limit: int):
+        super().__init__(f"request body over {limit} bytes")
+        self.limit = limit
+
+
+class BodyTimeout(Exception):
+    """The client did not send its whole body within the read deadline."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"request body not received within {seconds:g} s")
+        self.seconds = seconds
+
+
+class BodyIncomplete(Exception):
+    """The client disconnected while sending its body."""
+
+
+class RouteNotFound(Exception):
+    def __init__(self, method: str, path: str):
+        super().__init__(f"no route {method} {path}")
+        self.method, self.path = method, path
+
+
+class MethodNotAllowed(Exception):
+    def __init__(self, method: str, path: str):
+        super().__init__(f"method {method} not allowed on {path}")
+        self.method, self.path = method, path
+
+
+class InvalidSchema(Exception):
+    """A JSON schema (of `param`: response_format or tools) the grammar compiler refused."""
+
+    def __init__(self, param: str, detail: str):
+        super().__init__(detail)
+        self.param, self.detail = param, detail
+
+
+def _http_fault(e: BaseException) -> APIError | None:
+    """The typed faults above -> their HTTP errors (None: not one of them)."""
+    if isinstance(e, ModelNotFound):
+        shown = e.model if isinstance(e.model, str) else _kind(e.model)
+        return APIError(404, f"model {shown!r} does not exist; this server serves "
+                             f"{e.served!r}", code="model_not_found", param="model")
+    if isinstance(e, Unauthorized):
+        return APIError(401, f"missing or invalid API key ({e.where or 'Authorization: Bearer ...'})",
+                        "authentication_error", code="invalid_api_key")
+    if isinstance(e, BodyTooLarge):
+        return APIError(413, str(e), code="request_too_large")
+    if isinstance(e, BodyTimeout):
+        return APIError(408, str(e), code="request_timeout")
+    if isinstance(e, BodyIncomplete):
+        return APIError(400, "client disconnected while sending the body")
+    if isinstance(e, RouteNotFound):
+        return APIError(404, str(e), code="not_found")
+    if isinstance(e, MethodNotAllowed):
+        return APIError(405, str(e), code="method_not_allowed")
+    if isinstance(e, InvalidSchema):
+        return bad_request(clean(f"'{e.param}': {e.detail}"), e.param, "invalid_schema")
+    return None
+
+
+def _kind(v: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", list: "an array",
+            dict: "an object", type(None): "null"}.get(type(v), type(v).__name__)
+
+
 _REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 _TAG = re.compile(r"^(\[[\w-]+\] )+")
 
@@ -79,6 +163,9 @@ def to_api_error(e: BaseException) -> APIError:
     if isinstance(e, APIError):
         e.message = clean(e.message)
         return e
+    http = _http_fault(e)
+    if http is not None:
+        return http
     if isinstance(e, StageError):
         cause = e.cause
         if isinstance(cause, CLIENT_FAULTS):

@@ -8,6 +8,7 @@ import logging
 
 import httpx
 
+from mimo.api import errors
 from mimo.api.app import Server, build_app
 from mimo.api.errors import to_api_error
 from mimo.config import ServerConfig
@@ -18,6 +19,25 @@ from mimo.multimodal.errors import MediaForbidden
 from mimo.multimodal.placeholders import PlaceholderMismatch
 from mimo.pipeline import InvalidRequest, Overloaded, StageError
 from mimo.stages.prompt import BuildPrompt
+
+
+def test_typed_http_faults_get_their_status_here():
+    """The HTTP layer raises its faults by name; errors.py alone gives them status, code and
+    param (model-not-found once, not at each endpoint)."""
+    want = {errors.ModelNotFound(5, "m"): (404, "model_not_found", "model", "an integer"),
+            errors.ModelNotFound("gpt-4o", "m"): (404, "model_not_found", "model", "'gpt-4o'"),
+            errors.Unauthorized(): (401, "invalid_api_key", None, "api key"),
+            errors.BodyTooLarge(1024): (413, "request_too_large", None, "1024"),
+            errors.BodyTimeout(2.5): (408, "request_timeout", None, "2.5 s"),
+            errors.BodyIncomplete(): (400, None, None, "disconnected"),
+            errors.RouteNotFound("GET", "/x"): (404, "not_found", None, "/x"),
+            errors.MethodNotAllowed("PUT", "/v1/models"): (405, "method_not_allowed", None, "PUT"),
+            errors.InvalidSchema("tools", "bad type"): (400, "invalid_schema", "tools", "bad type")}
+    for exc, (status, code, param, says) in want.items():
+        err = to_api_error(exc)
+        assert (err.status, err.code, err.param) == (status, code, param), exc
+        assert says.lower() in err.message.lower(), (exc, err.message)
+    assert to_api_error(errors.Unauthorized()).type == "authentication_error"
 
 
 def test_stage_errors_map_by_their_typed_cause():
