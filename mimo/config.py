@@ -413,6 +413,7 @@ class ServerConfig:
     # ---- API (issue 19)
     body_read_timeout: float = 30.0          # seconds to receive a whole body (else 408)
     metrics_public: bool = False             # /metrics without the API key
+    default_max_tokens: int | None = None    # max_tokens when a request sends none (None: the rest)
     # ---- router (issue 17): publish cache state and load for `python -m mimo.router`
     router_redis: str | None = None          # redis://... or redis-cluster://...; None: off
     advertise_url: str | None = None         # this server as routers reach it (default: host:port)
@@ -421,6 +422,8 @@ class ServerConfig:
     def __post_init__(self):
         if not self.body_read_timeout > 0:
             raise ConfigError("body_read_timeout must be > 0")
+        if self.default_max_tokens is not None and self.default_max_tokens < 1:
+            raise ConfigError("default_max_tokens must be >= 1")
         if not 0 <= self.port < 65536:
             raise ConfigError("port must be in [0, 65535]")
         if self.max_body_bytes < 1024:

@@ -157,6 +157,9 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds a client has to send its whole request body (HTTP 408 after)")
     g.add_argument("--metrics-public", action="store_true",
                    help="serve /metrics without the --api-key (default: it needs the key too)")
+    g.add_argument("--default-max-tokens", type=int, default=None, metavar="N",
+                   help="max_tokens of a request that sends none (default: none, the rest of "
+                        "the context, as OpenAI)")
     r = p.add_argument_group("router (python -m mimo.router)")
     r.add_argument("--router-redis", default=None, metavar="URL",
                    help="publish this server's cache contents (page keys, SWA windows) and "
@@ -179,6 +182,7 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         # ---- API (issue 19)
                         body_read_timeout=a.body_read_timeout,
                         metrics_public=a.metrics_public,
+                        default_max_tokens=a.default_max_tokens,
                         # ---- router (issue 17)
                         router_redis=a.router_redis, advertise_url=a.advertise_url,
                         router_heartbeat=a.router_heartbeat)

@@ -24,7 +24,15 @@ from ..tools import format_for
 from . import schemas
 from .body import read_json
 from .chat_pipeline import build_chat_pipeline, chat_request
-from .errors import APIError, bad_request, error_response
+from .errors import (
+    InvalidSchema,
+    MethodNotAllowed,
+    ModelNotFound,
+    RouteNotFound,
+    Unauthorized,
+    bad_request,
+    error_response,
+)
 from .fields import kind_of
 from .metrics import Metrics
 from .responder import ClientGone, Responder, Run, unless_disconnected
@@ -77,8 +85,7 @@ class Server:
 
     def _require_key(self, request) -> None:
         if not self._authorized(request):
-            raise APIError(401, "missing or invalid API key (Authorization: Bearer ...)",
-                           "authentication_error", code="invalid_api_key")
+            raise Unauthorized()
 
     async def _body(self, request) -> object:
         self._require_key(request)
@@ -97,7 +104,7 @@ class Server:
     async def models(self, request):
         try:
             self._require_key(request)
-        except APIError as e:
+        except Unauthorized as e:
             return error_response(e)
         return JSONResponse({"object": "list", "data": [self._model_card()]})
 
@@ -106,25 +113,22 @@ class Server:
             self._require_key(request)
             name = request.path_params["model"]
             if name != self.model_name:
-                raise APIError(404, f"model {name!r} does not exist; this server serves "
-                                    f"{self.model_name!r}", code="model_not_found",
-                               param="model")
-        except APIError as e:
+                raise ModelNotFound(name, self.model_name)
+        except (Unauthorized, ModelNotFound) as e:
             return error_response(e)
         return JSONResponse(self._model_card())
 
     async def metrics_endpoint(self, request):
         if not self.cfg.metrics_public and not self._authorized(request):
-            return error_response(APIError(401, "missing or invalid API key (/metrics needs "
-                                                "it unless --metrics-public)",
-                                           "authentication_error", code="invalid_api_key"))
+            return error_response(Unauthorized("/metrics needs it unless --metrics-public"))
         self.metrics.observe_engine(self.engine.engine, self.engine.steps)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def tokenize(self, request):
         """{"model"?, "prompt": str} or {"model"?, "messages": [...], "tools"?, ...} ->
         {"tokens", "count", "max_model_len"} (messages through the chat template, as generation
-        would: with the tool fields, the tool list where the template puts it)."""
+        would: with the tool fields, the tool list where the template puts it; forced
+        tool choices included; media parts fetched, preprocessed and expanded to their rows)."""
         try:
             body = await self._body(request)
             if not isinstance(body, dict):
@@ -134,14 +138,19 @@ class Server:
                 tools = {k: body[k] for k in _TOOL_FIELDS if k in body}
                 spec = schemas.parse("chat", {"model": self.model_name, "max_tokens": 1,
                                               "messages": body["messages"], **tools},
-                                     self.max_model_len, multimodal=False)
+                                     self.max_model_len,
+                                     multimodal=self.chat_pipeline.multimodal,
+                                     tool_format=self.tool_format)
                 req = chat_request(spec)
             else:
                 p = body.get("prompt")
                 if not isinstance(p, str):
                     raise bad_request(f"'prompt' must be a string, got {kind_of(p)}", "prompt")
                 req = ChatRequest(text=p)
-            ids = await asyncio.to_thread(self.chat_pipeline.prompt.tokenize, req)
+            if req.media:       # counted as generation counts them: placeholders expanded
+                ids = await self.chat_pipeline.prompt_ids_with_media(req)
+            else:
+                ids = await asyncio.to_thread(self.chat_pipeline.prompt.tokenize, req)
         except Exception as e:  # noqa: BLE001 - answered in OpenAI's shape
             return error_response(e)
         return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.max_model_len})
@@ -168,9 +177,7 @@ class Server:
         if m is None and not required:
             return
         if m != self.model_name:
-            shown = m if isinstance(m, str) else kind_of(m)
-            raise APIError(404, f"model {shown!r} does not exist; this server serves "
-                                f"{self.model_name!r}", code="model_not_found", param="model")
+            raise ModelNotFound(m, self.model_name)
 
     async def chat(self, request):
         return await self._generate(request, "chat")
@@ -190,7 +197,7 @@ class Server:
         try:
             return await asyncio.to_thread(build)
         except GrammarError as e:
-            raise bad_request(f"'{param}': {e}", param, "invalid_schema") from None
+            raise InvalidSchema(param, str(e)) from None
 
     async def _generate(self, request, kind: str):
         endpoint = "chat" if kind == "chat" else "completions"
@@ -199,10 +206,10 @@ class Server:
             spec = schemas.parse(kind, await self._body(request), self.max_model_len,
                                  multimodal=self.chat_pipeline.multimodal,
                                  vocab_size=self.engine.engine.model_config.vocab_size,
-                                 tool_format=self.tool_format)
+                                 tool_format=self.tool_format,
+                                 default_max_tokens=self.cfg.default_max_tokens)
             if spec.model != self.model_name:
-                raise APIError(404, f"model {spec.model!r} does not exist; this server serves "
-                                    f"{self.model_name!r}", code="model_not_found", param="model")
+                raise ModelNotFound(spec.model, self.model_name)
             if spec.grammar is not None:
                 spec.params = dataclasses.replace(spec.params,
                                                   constraint=await self._constraint(spec))
@@ -236,12 +243,10 @@ def build_app(server: Server) -> Starlette:
             await server.engine.stop()
 
     async def not_found(request, exc):
-        return error_response(APIError(404, f"no route {request.method} {request.url.path}",
-                                       code="not_found"))
+        return error_response(RouteNotFound(request.method, request.url.path))
 
     async def method_not_allowed(request, exc):
-        return error_response(APIError(405, f"method {request.method} not allowed on "
-                                            f"{request.url.path}", code="method_not_allowed"))
+        return error_response(MethodNotAllowed(request.method, request.url.path))
 
     routes = [
         Route("/health", server.health, methods=["GET"]),

@@ -11,6 +11,7 @@ comes from its `VisionAdapter` (mimo.multimodal.adapter_for).
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from ..multimodal.adapter import VisionAdapter, adapter_for
 from ..multimodal.config import MediaConfig
 from ..multimodal.embed_cache import EmbedCache
 from ..multimodal.encoder_pool import EncoderPool
+from ..multimodal.placeholders import expand_placeholders, pad_kinds
 from ..pipeline import Pipeline
 from ..stages import (
     BuildPrompt,
@@ -47,6 +49,21 @@ class ChatPipeline:
     def multimodal(self) -> bool:
         return self.encode is not None
 
+    async def prompt_ids_with_media(self, req: ChatRequest) -> list[int]:
+        """The prompt ids of a chat with media as generation builds them (each item's
+        placeholder expanded to its rows), for /tokenize: the media stages before the
+        encoder run (the row counts come from preprocessing), the encoder does not."""
+        for st in self.pipeline.stages:
+            if st is self.encode:
+                break
+            await st.process(req)
+        ids = await asyncio.to_thread(self.prompt.tokenize, req)
+        adapter = self.prompt.adapter
+        assert adapter is not None      # media parse only for a multimodal model
+        pre = req.preprocessed
+        return expand_placeholders(ids, pad_kinds(adapter), [m.kind for m in pre],
+                                   [adapter.tokens_per_item(m.patches.grid_thw) for m in pre])
+
 
 def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = False
                  ) -> ChatRequest:
@@ -60,6 +77,7 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
     active = tools is not None and tools.active
     return ChatRequest(params=params, messages=spec.messages, text=spec.prompt,
                        token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media,
+                       fit_max_tokens=spec.fit_max_tokens,
                        tools=tools.template_tools() if active else None,
                        keep_special=keep_special)
 

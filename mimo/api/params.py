@@ -11,7 +11,6 @@ from .fields import boolean, check_keys, kind_of, number
 
 MAX_N = 16                 # most choices per request (n, best_of)
 MAX_COMPLETION_LOGPROBS = 5    # completions' `logprobs` (OpenAI's limit)
-DEFAULT_MAX_TOKENS = 256
 # Below this a temperature means greedy: logits / T overflows float32 for tiny T, and
 # sampling from inf/nan probabilities fails inside the engine step.
 MIN_TEMPERATURE = 1e-5
@@ -25,17 +24,36 @@ class Choices:
     logprobs: int | None    # top alternatives the client asked for (None: no logprobs shown)
 
 
-def _max_tokens(body: dict, kind: str, max_model_len: int) -> int:
-    name = "max_completion_tokens" if kind == "chat" and body.get(
-        "max_completion_tokens") is not None else "max_tokens"
-    v = number(body, name, DEFAULT_MAX_TOKENS, integer=True)
+def _one_max(body: dict, name: str, max_model_len: int) -> int | None:
+    v = number(body, name, None, integer=True)
+    if v is None:
+        return None
     if v < 1:
         raise bad_request(f"'{name}' must be >= 1, got {v}", name)
     if v >= max_model_len:
         shown = v if v < 10**30 else f"a {len(str(v))}-digit number"
         raise bad_request(f"'{name}' is {shown}; the context is {max_model_len} tokens",
                           name, "context_length_exceeded")
-    return min(v, max_model_len)
+    return v
+
+
+def max_tokens(body: dict, kind: str, max_model_len: int, default: int | None
+               ) -> tuple[int, bool]:
+    """(max_tokens, fit): `fit` means the client set no bound, and the value is a cap that
+    generation cuts to the rest of the context once the prompt's length is known (as OpenAI
+    does); `default` (--default-max-tokens) bounds it further. Chat's max_completion_tokens
+    and max_tokens are both checked; sent together they must agree."""
+    v = _one_max(body, "max_tokens", max_model_len)
+    if kind == "chat":
+        mc = _one_max(body, "max_completion_tokens", max_model_len)
+        if mc is not None and v is not None and mc != v:
+            raise bad_request(f"'max_tokens' ({v}) and 'max_completion_tokens' ({mc}) "
+                              f"disagree; send one of them", "max_tokens")
+        v = mc if mc is not None else v
+    if v is not None:
+        return v, False
+    cap = max_model_len - 1
+    return (cap if default is None else max(1, min(default, cap))), True
 
 
 def _logit_bias(body: dict, vocab_size: int) -> dict[int, float]:
@@ -89,18 +107,18 @@ def choices(kind: str, body: dict, stream: bool) -> Choices:
 
 
 def sampling_params(kind: str, body: dict, max_model_len: int, vocab_size: int,
-                    ch: Choices) -> SamplingParams:
-    max_tokens = _max_tokens(body, kind, max_model_len)
+                    ch: Choices, max_tok: int) -> SamplingParams:
+    """`max_tok`: from `max_tokens` (a bound the client set, or the cap when it set none)."""
     min_tokens = number(body, "min_tokens", 0, 0, integer=True)
-    if min_tokens > max_tokens:
-        raise bad_request(f"'min_tokens' ({min_tokens}) must be <= max_tokens ({max_tokens})",
+    if min_tokens > max_tok:
+        raise bad_request(f"'min_tokens' ({min_tokens}) must be <= max_tokens ({max_tok})",
                           "min_tokens")
     temperature = float(number(body, "temperature", 1.0, 0.0, 2.0))
     lp = ch.logprobs
     if ch.best_of > ch.n and lp is None:
         lp = 0                  # ranking the samples needs their logprobs (not shown)
     return SamplingParams(
-        max_tokens=max_tokens,
+        max_tokens=max_tok,
         temperature=temperature if temperature >= MIN_TEMPERATURE else 0.0,
         top_p=float(number(body, "top_p", 1.0, 0.0, 1.0)) or 1e-9,
         top_k=number(body, "top_k", 0, -1, integer=True),
@@ -120,4 +138,4 @@ def _repetition(body: dict) -> float:
     return v
 
 
-__all__ = ["MAX_N", "Choices", "choices", "sampling_params"]
+__all__ = ["MAX_N", "Choices", "choices", "max_tokens", "sampling_params"]

@@ -1,6 +1,8 @@
 """OpenAI request bodies -> validated `GenerationSpec`. Every field mimo knows is honoured or
-rejected with a 400 naming it (`param`); a field it does not know at all is ignored and
-logged (routers and SDKs add their own). Type and range checks follow OpenAI's reference."""
+rejected with a 400 naming it (`param`): a field of the other endpoint (chat's `tools` sent
+to /v1/completions, completions' `echo` sent to chat) is such a 400, never ignored. A field
+mimo does not know at all is ignored and logged (issue 19: routers and SDKs add their own;
+OpenAI itself would answer 400). Type and range checks follow OpenAI's reference."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +16,7 @@ from .content import valid_unicode
 from .errors import APIError, bad_request
 from .fields import boolean, kind_of, obj, string
 from .messages import parse_messages
-from .params import Choices, choices, sampling_params
+from .params import Choices, choices, max_tokens, sampling_params
 from .response_format import parse_response_format
 from .tools import ToolSpec, forced_call, parse_tools
 
@@ -25,10 +27,14 @@ _COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "temperature"
            "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
            "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
            "logprobs", "user", "metadata", "store", "service_tier"}
-_CHAT = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+_CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
          "functions", "function_call", "parallel_tool_calls", "response_format", "modalities",
          "audio", "prediction", "reasoning_effort", "web_search_options"}
-_COMPLETION = {"prompt", "echo", "suffix", "best_of"}
+_COMPLETION_ONLY = {"prompt", "echo", "suffix", "best_of"}
+# The fields each endpoint knows: one table per endpoint.
+FIELDS = {"chat": frozenset(_COMMON | _CHAT_ONLY),
+          "completion": frozenset(_COMMON | _COMPLETION_ONLY)}
+_PATH = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 # Known and impossible to honour here: any value but these is a 400 naming the field.
 _ONLY = {"audio": (None,), "prediction": (None,), "web_search_options": (None,),
          "reasoning_effort": (None,), "store": (None, False),
@@ -51,6 +57,9 @@ class GenerationSpec:
     media: list[MediaItem] = field(default_factory=list)
     choices: Choices = field(default_factory=lambda: Choices(1, 1, None))
     echo: bool = False
+    # No max_tokens was sent: params.max_tokens is a cap that generation cuts to the rest of
+    # the context once the prompt's length is known.
+    fit_max_tokens: bool = False
     tools: ToolSpec | None = None
     grammar: GrammarRequest | None = None   # response_format or a forced tool choice
     json_mode: str | None = None            # 'json_object' | 'json_schema' (response_format)
@@ -125,16 +134,50 @@ def _prompt(spec: GenerationSpec, body: dict) -> None:
                           "suffix")
 
 
-def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False,
-          vocab_size: int = 2**31, tool_format=None) -> GenerationSpec:
-    """`multimodal`: the model takes image_url / video_url parts (else they are a 400).
-    `tool_format`: the model family's mimo.tools.ToolFormat (forced tool choices)."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    known = _COMMON | (_CHAT if kind == "chat" else _COMPLETION)
-    unknown = sorted(set(body) - known)
+def _fields(kind: str, body: dict) -> None:
+    """A field of the other endpoint is a 400 naming it; one neither knows is logged."""
+    known = FIELDS[kind]
+    other = "completion" if kind == "chat" else "chat"
+    misplaced = sorted(k for k in body if k not in known and k in FIELDS[other])
+    if misplaced:
+        name = misplaced[0]
+        raise bad_request(f"'{name}' is a field of {_PATH[other]}, not of {_PATH[kind]}",
+                          name, "unsupported_parameter")
+    unknown = sorted(set(body) - known - FIELDS[other])
     if unknown:
         log.info("ignoring unknown request field(s): %s", ", ".join(unknown)[:200])
+
+
+def _chat(spec: GenerationSpec, body: dict, multimodal: bool, tool_format) -> None:
+    spec.messages = parse_messages(body.get("messages"), multimodal, spec.media)
+    spec.tools = parse_tools(body)
+    spec.grammar, spec.json_mode = parse_response_format(body)
+    tools = spec.tools
+    if tools is None or spec.grammar is None or tools.choice == "none":
+        pass
+    elif tools.forced:
+        raise bad_request("a forced tool_choice and a JSON 'response_format' cannot both "
+                          "constrain the output", "response_format")
+    else:   # auto: a JSON grammar forbids the call's prefix, so no tool could be called
+        raise bad_request("'response_format' json with 'tools' under tool_choice 'auto' "
+                          "would keep the model from calling any tool; send tool_choice "
+                          "'none' (JSON answer) or drop 'response_format'", "response_format")
+    if tools is not None and tools.forced:
+        if tool_format is None:
+            raise TypeError("schemas.parse: a forced tool_choice needs the model's "
+                            "tool_format")
+        spec.grammar = forced_call(tool_format, tools.forced)
+
+
+def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False,
+          vocab_size: int = 2**31, tool_format=None,
+          default_max_tokens: int | None = None) -> GenerationSpec:
+    """`multimodal`: the model takes image_url / video_url parts (else they are a 400).
+    `tool_format`: the model family's mimo.tools.ToolFormat (needed by forced tool choices).
+    `default_max_tokens`: the bound of a request that sends none (None: the context's rest)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    _fields(kind, body)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request(f"'model' is required and must be a string, got {kind_of(model)}",
@@ -143,21 +186,15 @@ def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False,
     include_usage = _stream_options(body, stream)
     _unsupported(body)
     ch = choices(kind, body, stream)
-    spec = GenerationSpec(kind, model, sampling_params(kind, body, max_model_len, vocab_size, ch),
-                          stream, include_usage, _stop(body), choices=ch)
+    mt, fit = max_tokens(body, kind, max_model_len, default_max_tokens)
+    spec = GenerationSpec(kind, model,
+                          sampling_params(kind, body, max_model_len, vocab_size, ch, mt),
+                          stream, include_usage, _stop(body), choices=ch, fit_max_tokens=fit)
     if kind == "chat":
-        spec.messages = parse_messages(body.get("messages"), multimodal, spec.media)
-        spec.tools = parse_tools(body)
-        spec.grammar, spec.json_mode = parse_response_format(body)
-        if spec.tools is not None and spec.tools.forced:
-            if spec.grammar is not None:
-                raise bad_request("a forced tool_choice and a JSON 'response_format' cannot "
-                                  "both constrain the output", "response_format")
-            assert tool_format is not None, "forced tool choices need the model's tool format"
-            spec.grammar = forced_call(tool_format, spec.tools.forced)
+        _chat(spec, body, multimodal, tool_format)
     else:
         _prompt(spec, body)
     return spec
 
 
-__all__ = ["APIError", "GenerationSpec", "parse"]
+__all__ = ["APIError", "FIELDS", "GenerationSpec", "parse"]

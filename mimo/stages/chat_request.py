@@ -30,7 +30,10 @@ class Usage(NamedTuple):
 @dataclass(eq=False, kw_only=True)
 class ChatRequest(Request):
     # What to generate (the API). Exactly one of messages, text and token_ids is set.
+    # With `fit_max_tokens` (the client set no max_tokens), params.max_tokens is a cap that
+    # generate cuts to the rest of the context: the one later write of `params`.
     params: SamplingParams = field(default_factory=SamplingParams)
+    fit_max_tokens: bool = False
     messages: list[dict] | None = None     # content: a string, or text/image/video parts
     text: str | None = None                # a completion's text prompt
     token_ids: list[int] | None = None     # a completion's prompt as token ids

@@ -8,6 +8,7 @@ raises the engine's RequestError as is (the API maps it).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..engine.async_engine import AsyncEngine
@@ -47,6 +48,14 @@ class Generate(Stage):
         if n >= limit:
             raise ContextLengthExceeded(f"the prompt has {n} tokens; the context is {limit} "
                                         f"tokens (it must leave room for one more)", param)
+        if req.fit_max_tokens and n + m > limit:
+            rest = limit - n            # no max_tokens sent: as OpenAI, the context's rest
+            if req.params.min_tokens > rest:
+                raise ContextLengthExceeded(
+                    f"the prompt ({n} tokens) leaves {rest} of the context of {limit} "
+                    f"tokens, fewer than min_tokens ({req.params.min_tokens})", "min_tokens")
+            req.params = dataclasses.replace(req.params, max_tokens=rest)
+            return
         if n + m > limit:
             raise ContextLengthExceeded(f"the prompt ({n} tokens) + max_tokens ({m}) exceeds "
                                         f"the context of {limit} tokens", param)

@@ -86,13 +86,30 @@ def test_legacy_functions_and_function_call(client):
     jsonschema.validate(json.loads(ch.message.function_call.arguments), WEATHER)
 
 
-def test_tool_choice_none_and_auto_answer_with_text(client):
+def raw_continuation(server, messages, max_tokens: int, **tool_fields) -> tuple[str, str]:
+    """The reference of a chat answer: its prompt as /tokenize renders it, continued by a
+    plain completion (no parser): (text, finish_reason)."""
+    import httpx
+    from conftest import KEY_HEADER
+    ids = httpx.post(server.url + "/tokenize", headers=KEY_HEADER, timeout=60,
+                     json={"messages": messages, **tool_fields}).json()["tokens"]
+    r = httpx.post(server.url + "/v1/completions", headers=KEY_HEADER, timeout=120, json={
+        "model": MODEL, "prompt": ids, "max_tokens": max_tokens, "temperature": 0}).json()
+    return r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+
+
+@pytest.mark.parametrize("choice", ["none", "auto"])
+def test_tool_choice_none_and_auto_answer_with_text(client, server, choice):
+    """Greedy, 8 tokens: the model writes no call here, so the answer is exactly the plain
+    continuation of the prompt generation renders (tools shown under auto only)."""
     r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
-                                       tool_choice="none", max_tokens=8, temperature=0)
-    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content
-    r = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS, max_tokens=8,
-                                       temperature=0)
-    assert r.choices[0].finish_reason in ("length", "stop", "tool_calls")
+                                       tool_choice=choice, max_tokens=8, temperature=0)
+    text, finish = raw_continuation(server, ASK, 8, tools=TOOLS, tool_choice=choice)
+    assert "<tool_call>" not in text and "```tool_code" not in text     # the premise
+    ch = r.choices[0]
+    assert ch.message.tool_calls is None
+    assert ch.message.content == text and ch.finish_reason == finish
+    assert r.usage.completion_tokens == 8 if finish == "length" else r.usage.completion_tokens < 8
 
 
 def test_multi_turn_with_tool_results(client, server):
@@ -106,7 +123,11 @@ def test_multi_turn_with_tool_results(client, server):
                       "content": json.dumps({"temperature": 21, "sky": "clear"})}]
     r = client.chat.completions.create(model=MODEL, messages=history, tools=TOOLS,
                                        max_tokens=16, temperature=0)
-    assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    text, finish = raw_continuation(server, history, 16, tools=TOOLS)
+    if r.choices[0].message.tool_calls:        # the model called again: the text held it
+        assert r.choices[0].finish_reason == "tool_calls" and "<tool_call>" in text
+    else:
+        assert (r.choices[0].message.content, r.choices[0].finish_reason) == (text, finish)
     assert r.usage.prompt_tokens > first.usage.prompt_tokens
     # what the model saw: its call and the result, in the template's turns
     ids = httpx.post(server.url + "/tokenize", headers=KEY_HEADER,
@@ -136,13 +157,68 @@ def test_json_response_formats(client):
             "name": "person", "schema": schema, "strict": True}})
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
     r = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Any JSON object"}], max_tokens=60,
-        temperature=0, response_format={"type": "json_object"}, stop=None,
-        extra_body={"logit_bias": {"236771": 5}})
+        model=MODEL, messages=[{"role": "user", "content": "Any JSON object"}],
+        max_tokens=JSON_OBJECT_TOKENS, temperature=0, response_format={"type": "json_object"},
+        stop=None)
     text = r.choices[0].message.content
-    assert r.choices[0].finish_reason in ("stop", "length")
-    if r.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(text), dict)
+    # Room enough for the whole object: it always ends, and always parses.
+    assert r.choices[0].finish_reason == "stop", r.usage
+    assert isinstance(json.loads(text), dict)
+    # tool_choice none beside tools: the JSON answer is allowed (no call is possible anyway)
+    r = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Any JSON object"}], tools=TOOLS,
+        tool_choice="none", max_tokens=JSON_OBJECT_TOKENS, temperature=0,
+        response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.tool_calls is None
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+JSON_OBJECT_TOKENS = 120      # greedy closes its object after about 20
+
+
+def test_tokenize_renders_forced_tool_choices_as_generation(client, server):
+    """/tokenize with tool_choice required or named (a 500 once): the prompt generation
+    renders, whose length the forced generation reports."""
+    import httpx
+    from conftest import KEY_HEADER
+
+    def tokenize(**kw):
+        r = httpx.post(server.url + "/tokenize", headers=KEY_HEADER, timeout=60,
+                       json={"messages": ASK, "tools": TOOLS, **kw})
+        assert r.status_code == 200, r.text
+        return r.json()
+    auto = tokenize()
+    for tc in ("required", {"type": "function", "function": {"name": "search"}}):
+        assert tokenize(tool_choice=tc)["tokens"] == auto["tokens"]
+    g = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
+                                       tool_choice="required", max_tokens=120, temperature=0)
+    assert g.usage.prompt_tokens == auto["count"]
+    assert tokenize(tool_choice="none")["count"] < auto["count"]    # no tool list
+
+
+def test_parse_without_the_tool_format_is_a_typed_error():
+    from mimo.api import schemas
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required"}
+    with pytest.raises(TypeError, match="tool_format"):
+        schemas.parse("chat", body, 1024)
+
+
+OPEN = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
+
+
+def test_a_strict_forced_tool_is_closed_to_unlisted_properties(client):
+    """function.strict: the forced call's arguments are closed like response_format strict
+    ({"type": "object"} then admits only {}); without strict any object is allowed, and
+    sampled calls use that freedom."""
+    def args(strict: bool, seed: int) -> dict:
+        tool = {**OPEN, "function": {**OPEN["function"], "strict": strict}}
+        r = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Write a note about Paris"}],
+            tools=[tool], tool_choice="required", max_tokens=80, temperature=1.0, seed=seed)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        return json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+    assert all(args(True, seed) == {} for seed in range(3))
+    assert any(args(False, seed) != {} for seed in range(3))
 
 
 @pytest.mark.parametrize("choice", ["required", "search"])
