@@ -147,6 +147,7 @@ class CachePublisher:
             old = old.decode()
             for kind in (FULL, SWA):      # what it held, and what routers expected of it
                 await c.delete(ce.pages_key(old, kind), ce.pending_key(old, kind))
+            await c.delete(ce.pending_key(old, "e"))
         await c.set(ce.incarnation_key(self.url), self.incarnation)
         self._started = True
 

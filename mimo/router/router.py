@@ -43,6 +43,7 @@ class Pending:
     incarnation: str
     full: list[bytes]
     swa: list[bytes]
+    end: bytes          # the prompt's last page key: a request through it continues this one
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class Router:
         self._rr = itertools.count()
         # This replica's own pending marks ({incarnation: (full, SWA) {key: expiry}}): the
         # ones in Redis may land after the next decision's read.
-        self._pending: dict[str, tuple[dict[bytes, float], dict[bytes, float]]] = {}
+        # (full, SWA, prompt ends) {key: expiry}
+        self._pending: dict[str, tuple[dict[bytes, float], ...]] = {}
         self._tasks: list[asyncio.Task] = []
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout, connect=3.0),
                                       limits=httpx.Limits(max_connections=2048,
@@ -167,8 +169,8 @@ class Router:
         d = await self.decide_ids(ids, exclude)
         if d.pending is not None:         # seen by this replica's next decision at once
             until = time.monotonic() + PENDING_MS / 1000
-            mine = self._pending.setdefault(d.pending.incarnation, ({}, {}))
-            for part, keys in zip(mine, (d.pending.full, d.pending.swa)):
+            mine = self._pending.setdefault(d.pending.incarnation, ({}, {}, {}))
+            for part, keys in zip(mine, (d.pending.full, d.pending.swa, [d.pending.end])):
                 part.update(dict.fromkeys(keys, until))
         self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
@@ -176,7 +178,7 @@ class Router:
         if d.pending is not None and self.state is not None:
             try:
                 await self.state.mark_pending(d.pending.incarnation, d.pending.full,
-                                              d.pending.swa, PENDING_MS)
+                                              d.pending.swa, d.pending.end, PENDING_MS)
             except StateUnavailable:
                 self._count_redis_errors()
         return d
@@ -242,23 +244,27 @@ class Router:
             hb = snap.heartbeats.get(w)
             pred = 0
             if hb is not None and w in pages:
-                full_ok, swa_ok, full_p, swa_p = pages[w]
+                full_ok, swa_ok, full_p, swa_p, cont = pages[w]
                 mine = self._pending.get(hb.incarnation)
                 if mine is not None:
                     keys, now = keys_for(hb.fingerprint, hb.page_size), time.monotonic()
                     full_p = [a or mine[0].get(k, 0) > now for a, k in zip(full_p, keys)]
                     swa_p = [a or mine[1].get(k, 0) > now for a, k in zip(swa_p, keys)]
+                    cont = cont or any(mine[2].get(k, 0) > now for k in keys)
                 hyb = hb.mode == "hybrid"
                 pred = policy.predicted_tokens(full_ok, swa_ok if hyb else None,
                                                hb.window, hb.page_size, hb.rebuild)
                 expect[w] = policy.predicted_tokens(full_p, swa_p if hyb else None,
                                                     hb.window, hb.page_size, hb.rebuild)
+                if cont:        # it continues a request in flight there: follow it
+                    pred = expect[w]
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
             flight = snap.inflight.get(w, 0) + self.inflight.get(w, 0)
             cands.append(policy.Candidate(w, pred, flight + queued))
-        # The score credits what workers hold; a prefix that requests in flight are only now
-        # computing (a shared system prompt's first wave) must not pull the others after it,
-        # or they pile up there. The prediction counts it: by admission it is there.
+        # The score credits what workers hold, and what requests in flight will leave only
+        # for a request that continues one of them (a next turn sent before the last one
+        # ended): a prefix they merely share (a system prompt's first wave) must not pull
+        # every new session after it, or they pile up there. The prediction counts it all.
         c = policy.choose(cands, len(ids), self.cfg.match_weight, tie)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %d tokens -> %s %s", len(ids), c.url,
@@ -269,13 +275,13 @@ class Router:
         if hb is not None and hb.mode != "off" and ids:
             keys = keys_for(hb.fingerprint, hb.page_size)
             if keys:
-                full_ok = pages.get(c.url, ([], []))[0]
+                full_ok = pages[c.url][0] if c.url in pages else []
                 m = next((i for i, ok in enumerate(full_ok) if not ok), len(full_ok))
                 swa = set()
                 if hb.mode == "hybrid":
                     for end in {len(keys), m}:
                         swa.update(window_pages(end * hb.page_size, hb.window, hb.page_size))
                 pending = Pending(hb.incarnation, keys, [keys[i] for i in sorted(swa)
-                                                         if i < len(keys)])
+                                                         if i < len(keys)], keys[-1])
         return Decision(c.url, expect.get(c.url, c.predicted), len(ids), "score", c.score,
                         pending)

@@ -24,6 +24,7 @@ from ..kvcache.tiers.keys import FULL, SWA
 # A router's in-flight counts outlive it by this much (a killed router's requests weigh on
 # their workers' load until then); renewed every health interval, so at least 3 of those.
 ROUTER_TTL_MS = 3_000
+END = "e"      # pending kind: the last page key of an in-flight request's prompt
 
 
 class StateUnavailable(Exception):
@@ -92,9 +93,9 @@ class RouterState:
 
     # ---- one decision ------------------------------------------------------------------
     async def read(self, workers: list[str], keys_by_fp) -> tuple[Snapshot, dict]:
-        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok, and both with the
-        pages of requests in flight there)}). `keys_by_fp`: fingerprint -> the prompt's page
-        keys under it."""
+        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok, both with the pages
+        of requests in flight there, whether the prompt continues one of those)}).
+        `keys_by_fp`: fingerprint -> the prompt's page keys under it."""
         return await self._run("read", self._read(workers, keys_by_fp))
 
     async def _read(self, workers, keys_by_fp):
@@ -120,6 +121,7 @@ class RouterState:
                 for kind in (FULL, SWA):
                     pipe.smismember(ce.pages_key(hb.incarnation, kind), keys)
                     pipe.zmscore(ce.pending_key(hb.incarnation, kind), keys)
+                pipe.zmscore(ce.pending_key(hb.incarnation, END), keys)
         res = await pipe.execute() if routers or asks else []
         for counts in res[:len(routers)]:
             for w, n in counts.items():
@@ -127,19 +129,21 @@ class RouterState:
         pages = {}
         rest = res[len(routers):]
         for j, w in enumerate(asks):
-            f, pf, s, ps = rest[4 * j:4 * j + 4]
+            f, pf, s, ps, pe = rest[5 * j:5 * j + 5]
             pages[w] = ([bool(a) for a in f], [bool(a) for a in s],
                         [bool(a) or (b is not None and b > now) for a, b in zip(f, pf)],
-                        [bool(a) or (b is not None and b > now) for a, b in zip(s, ps)])
+                        [bool(a) or (b is not None and b > now) for a, b in zip(s, ps)],
+                        any(b is not None and b > now for b in pe))
         return snap, pages
 
     async def mark_pending(self, incarnation: str, full: list[bytes], swa: list[bytes],
-                           ttl_ms: int) -> None:
-        """Pages a request now in flight will leave cached on the worker, for `ttl_ms`."""
+                           end: bytes, ttl_ms: int) -> None:
+        """Pages a request now in flight will leave cached on the worker, and its prompt's
+        last page key (a later request through it continues this one), for `ttl_ms`."""
         async def go():
             until = int(time.time() * 1000) + ttl_ms
             pipe = self.client.pipeline(transaction=False)
-            for kind, keys in ((FULL, full), (SWA, swa)):
+            for kind, keys in ((FULL, full), (SWA, swa), (END, [end])):
                 if keys:
                     name = ce.pending_key(incarnation, kind)
                     pipe.zadd(name, {k: until for k in keys})
