@@ -48,13 +48,19 @@ class Generate(Stage):
         if n >= limit:
             raise ContextLengthExceeded(f"the prompt has {n} tokens; the context is {limit} "
                                         f"tokens (it must leave room for one more)", param)
-        if req.fit_max_tokens and n + m > limit:
-            rest = limit - n            # no max_tokens sent: as OpenAI, the context's rest
+        if req.fit_max_tokens:
+            # No max_tokens sent: as OpenAI, the context's rest; and no more than the full
+            # pool can ever hold beside the prompt (the engine refuses a request that could
+            # outgrow an empty pool, and the client asked for no particular bound).
+            eng = self.engine.engine
+            held = eng.pool.full.allocator.capacity * eng.pool.page_size - n
+            rest = min(limit - n, m, held) if held >= 1 else min(limit - n, m)
             if req.params.min_tokens > rest:
                 raise ContextLengthExceeded(
                     f"the prompt ({n} tokens) leaves {rest} of the context of {limit} "
                     f"tokens, fewer than min_tokens ({req.params.min_tokens})", "min_tokens")
-            req.params = dataclasses.replace(req.params, max_tokens=rest)
+            if rest != m:
+                req.params = dataclasses.replace(req.params, max_tokens=rest)
             return
         if n + m > limit:
             raise ContextLengthExceeded(f"the prompt ({n} tokens) + max_tokens ({m}) exceeds "

@@ -92,6 +92,27 @@ def test_default_max_tokens_flag_bounds_requests_without_one(servers):
     assert r.json()["usage"]["completion_tokens"] == 2, r.text
 
 
+def test_no_max_tokens_stops_where_the_kv_budget_ends(tiny_dir):
+    """A KV budget that holds less than the 4096-token context: a request without max_tokens
+    runs to what the full pool can hold (the engine refuses one that could outgrow an empty
+    pool), not a 400; one that asks for more is still refused."""
+    s = ServerProcess("--model", str(tiny_dir), "--served-model-name", MODEL, "--dtype",
+                      "float32", "--kv-cache-memory", "1MiB")
+    try:
+        pages = s.pools()["full"]["capacity"]
+        held = pages * 16                                   # --page-size 16
+        assert held < 4096, held
+        r = _post(s, "/v1/completions", prompt="hello")
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        assert u["prompt_tokens"] + u["completion_tokens"] == held
+        assert r.json()["choices"][0]["finish_reason"] == "length"
+        r = _post(s, "/v1/completions", prompt="hello", max_tokens=held)
+        assert r.status_code == 400, r.text
+    finally:
+        s.stop()
+
+
 def test_help_documents_the_flag():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "server.py"), "--help"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT)
