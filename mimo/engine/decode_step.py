@@ -24,6 +24,15 @@ from ..gpu.sampling import sample_seqs
 from .sequence import TokenLogprob
 
 
+def ensure_matcher(seq):
+    """The request's grammar matcher, made on first use (None without a constraint)."""
+    c = seq.params.constraint
+    if c is not None and seq.matcher is None:
+        seq.matcher = c.matcher()
+        seq.matcher.consume(seq.output_ids)     # (empty, unless a caller pre-filled output)
+    return seq.matcher
+
+
 def grammar_masks(seqs: list) -> list:
     """Each request's grammar mask for its next token (None without a constraint), all
     computed in one batch; makes a request's matcher on first use."""
@@ -36,12 +45,8 @@ def _start_masks(seqs: list) -> Callable[[], list]:
     step settled). Matchers are made here, on the engine thread."""
     idx, matchers = [], []
     for i, s in enumerate(seqs):
-        c = s.params.constraint
-        if c is None:
+        if ensure_matcher(s) is None:
             continue
-        if s.matcher is None:
-            s.matcher = c.matcher()
-            s.matcher.consume(s.output_ids)     # (empty, unless a caller pre-filled output)
         idx.append(i)
         matchers.append(s.matcher)
     out: list = [None] * len(seqs)

@@ -120,19 +120,6 @@ def sample(head, hidden: torch.Tensor, params: list, generators: list) -> list[i
 SPARSE_MAX = 4096
 
 
-def _subset_logits(head, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """float32 logits of tokens `idx` for one hidden row `h`, from the weights the head's
-    greedy path treats as exact (the int8 copy dequantized, when the head has one)."""
-    lin = head.linear
-    if getattr(lin, "w_int8", None) is not None:
-        if not head._ready:
-            head._prepare()
-        w = lin.w_int8.index_select(0, idx).float() * head.scale[idx, None]
-    else:
-        w = lin.weight.index_select(0, idx).float()
-    return w @ h.float()
-
-
 def sparse_sample(head, h: torch.Tensor, allowed: torch.Tensor, p, generator) -> int | None:
     """The token for one row whose grammar allows few tokens (None: too many, use the full
     logits). Masking the full logits and filtering them (temperature, min-p, top-k, top-p)
@@ -147,39 +134,8 @@ def sparse_sample(head, h: torch.Tensor, allowed: torch.Tensor, p, generator) ->
         return None
     ids = np.flatnonzero(a)
     idx = torch.from_numpy(ids)
-    sub = _subset_logits(head, h, idx)
+    sub = head.logits_for(h, idx)
     return int(idx[sample_row(sub, p.temperature, p.top_p, p.top_k, generator, p.min_p)])
-
-
-def masked_greedy(head, h: torch.Tensor, masks: torch.Tensor) -> list[int]:
-    """Exact argmax over the allowed tokens (masks: bool [rows, V]) of each row's logits, by
-    the head's int8 bound when it has int8 weights (as `LMHead.greedy`: approximate logits
-    for the whole vocabulary, then exact ones only for the allowed candidates within the
-    approximation's error bound of the best), else from the full logits."""
-    lin = head.linear
-    if getattr(lin, "w_int8", None) is None:
-        logits = head.logits(h)
-        V = logits.shape[1]
-        return torch.argmax(logits.masked_fill(~masks[:, :V], float("-inf")), dim=-1).tolist()
-    if not head._ready:
-        head._prepare()
-    w8 = lin.w_int8
-    x = h.float()
-    sx = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
-    xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
-    approx = torch._int_mm(xq, w8.t()) * (head.scale * sx)
-    approx.masked_fill_(~masks[:, :approx.shape[1]], float("-inf"))
-    err = (xq.float() * sx - x).norm(dim=1)
-    best = approx.max(dim=1).values
-    thr = best - 2.0 * err * head.max_bound - 1e-3 * (1.0 + best.abs())
-    out = []
-    for i in range(x.shape[0]):
-        cand = torch.nonzero(approx[i] >= thr[i]).squeeze(1)
-        if cand.numel() == 0:           # nothing allowed (cannot happen for a live grammar)
-            cand = torch.nonzero(masks[i]).squeeze(1)[:1]
-        exact = (w8.index_select(0, cand).float() * head.scale[cand, None]) @ x[i]
-        out.append(int(cand[torch.argmax(exact)]))
-    return out
 
 
 def _reshapes(p) -> bool:
@@ -218,8 +174,8 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
           and i not in sparse and s.params.logprobs is None and s.params.min_p == 0
           and not _reshapes(s.params)]
     if mg:
-        for i, t in zip(mg, masked_greedy(head, hidden[torch.tensor(mg)],
-                                          torch.stack([allowed[i] for i in mg]))):
+        for i, t in zip(mg, head.greedy(hidden[torch.tensor(mg)],
+                                        torch.stack([allowed[i] for i in mg]))):
             tokens[i] = t
     done = set(plain) | set(mg) | sparse
     rest = [i for i in range(len(seqs)) if i not in done]

@@ -36,9 +36,15 @@ class LMHead(nn.Module):
         self.max_bound = float(self.row_bound.max())
         self._ready = True
 
-    def greedy(self, h: torch.Tensor) -> list[int]:
+    def greedy(self, h: torch.Tensor, allowed: torch.Tensor | None = None) -> list[int]:
+        """Exact argmax of each row's logits; with `allowed` (bool [rows, >= vocab]), over
+        the allowed tokens only (a grammar's mask: the int8 bound then picks candidates
+        among them)."""
         if self.linear.w_int8 is None:
-            return torch.argmax(self.logits(h), dim=-1).tolist()
+            logits = self.logits(h)
+            if allowed is not None:
+                logits.masked_fill_(~allowed[:, :logits.shape[1]], float("-inf"))
+            return torch.argmax(logits, dim=-1).tolist()
         if not self._ready:
             self._prepare()
         w8 = self.linear.w_int8
@@ -46,6 +52,8 @@ class LMHead(nn.Module):
         sx = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
         xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
         approx = torch._int_mm(xq, w8.t()) * (self.scale * sx)          # [rows, vocab]
+        if allowed is not None:
+            approx.masked_fill_(~allowed[:, :approx.shape[1]], float("-inf"))
         err = (xq.float() * sx - x).norm(dim=1)                          # [rows]
         best = approx.max(dim=1).values
         # Float32 rounding of both sides is far below this slack.
@@ -54,6 +62,21 @@ class LMHead(nn.Module):
         out = []
         for i in range(x.shape[0]):
             cand = torch.nonzero(approx[i] >= thr[i]).squeeze(1)
+            if cand.numel() == 0:       # nothing allowed (cannot happen for a live grammar)
+                assert allowed is not None
+                cand = torch.nonzero(allowed[i]).squeeze(1)[:1]
             exact = (w8.index_select(0, cand).float() * self.scale[cand, None]) @ x[i]
             out.append(int(cand[torch.argmax(exact)]))
         return out
+
+    def logits_for(self, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """float32 logits of tokens `idx` for one hidden row `h`, from the weights `greedy`
+        treats as exact (the int8 copy dequantized, when there is one)."""
+        lin = self.linear
+        if lin.w_int8 is not None:
+            if not self._ready:
+                self._prepare()
+            w = lin.w_int8.index_select(0, idx).float() * self.scale[idx, None]
+        else:
+            w = lin.weight.index_select(0, idx).float()
+        return w @ h.float()

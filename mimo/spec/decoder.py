@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.decode_step import DecodeStep, grammar_masks, record
+from ..engine.decode_step import DecodeStep, ensure_matcher, record
 from ..gpu.sampling import filtered_probs, process_logits, sample_row, token_logprob
 from .drafter import Drafter
 from .rejection import greedy_accept, rejection_sample
@@ -36,15 +36,17 @@ class SpecDecoder(DecodeStep):
     def propose(self, running: list) -> dict:
         """Drafts for the requests that will decode this step (the scheduler may shorten
         them). A request under a grammar keeps only the draft prefix its grammar accepts:
-        the rest could never be accepted, so verifying it would waste the forward."""
+        the rest could never be accepted, so verifying it would waste the forward. Only for
+        drafters without draft probabilities: under rejection sampling a refused draft is
+        resampled from the residual, and cutting it would sample from the target instead,
+        which is not the same distribution."""
         seqs = [s for s in running if not s.in_prefill and s.finish_reason is None]
         if not seqs:
             return {}
         out = {s: list(d[:self.k]) for s, d in zip(seqs, self.drafter.propose(seqs, self.k))}
         for s, d in out.items():
-            if d and s.params.constraint is not None:
-                grammar_masks([s])          # makes its matcher when new
-                out[s] = d[:s.matcher.valid_prefix(d)]
+            if d and s.params.constraint is not None and not self.drafter.has_probs:
+                out[s] = d[:ensure_matcher(s).valid_prefix(d)]
         return out
 
     def execute(self, runner, head, chunks: list) -> list[list[int]]:
@@ -149,8 +151,7 @@ def _verify_masks(seq, draft: list[int]) -> list:
     the draft, so nothing after it is ever accepted."""
     if seq.params.constraint is None:
         return [None] * (1 + len(draft))
-    grammar_masks([seq])
-    m = seq.matcher
+    m = ensure_matcher(seq)
     ok = m.valid_prefix(draft)
     masks = []
     for i in range(1 + len(draft)):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mimo import LLM, SamplingParams
-from mimo.gpu.sampling import masked_greedy, sparse_sample
+from mimo.gpu.sampling import sparse_sample
 from mimo.structured import Grammar, grammar_vocab
 
 from .schemas import random_schemas
@@ -58,26 +58,35 @@ def test_outputs_validate_and_speculation_is_lossless(tiny_dir, temperature):
     assert sum(spec_llm.engine.spec.totals.drafted) > 0
 
 
-class Head:
-    """A head over a random weight (float32; no int8 copy)."""
-    def __init__(self, V=3000, H=32, seed=0):
-        g = torch.Generator().manual_seed(seed)
-        self.linear = type("L", (), {"weight": torch.randn(V, H, generator=g), "w_int8": None})
+def _heads(V=3000, H=32, seed=0):
+    """A real LM head over a random weight, float32 and with its int8 copy."""
+    from mimo.models.layers import Linear
+    from mimo.models.lm_head import LMHead
+    w = torch.randn(V, H, generator=torch.Generator().manual_seed(seed))
+    q = Linear(w.clone())
+    q.quantize_int8()
+    return [LMHead(Linear(w)), LMHead(q)]
 
-    def logits(self, h):
-        return h.float() @ self.linear.weight.T
+
+def _exact(head, h):
+    lin = head.linear
+    w = lin.weight if lin.w_int8 is None else lin.w_int8.float() * lin.w_scale.float()[:, None]
+    return h.float() @ w.float().T
 
 
-def test_sparse_and_masked_greedy_match_full_masking():
-    head = Head()
+@pytest.mark.parametrize("kind", ["float32", "int8"])
+def test_sparse_and_masked_greedy_match_full_masking(kind):
+    head = _heads()[kind == "int8"]
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(6, 32, generator=g)
-    masks = torch.rand(6, 3000, generator=g) < torch.tensor([0.001, 0.01, 0.1, 0.5, 0.9, 1.0])[:, None]
-    masks[:, 7] = True
-    full = head.logits(h).masked_fill(~masks, float("-inf")).argmax(-1).tolist()
-    assert masked_greedy(head, h, masks) == full
     greedy = SamplingParams(temperature=0)
-    assert [sparse_sample(head, h[i], masks[i], greedy, None) for i in range(3)] == full[:3]
+    for _ in range(10):
+        h = torch.randn(6, 32, generator=g) * 3
+        frac = torch.tensor([0.001, 0.01, 0.1, 0.5, 0.9, 1.0])[:, None]
+        masks = torch.rand(6, 3000, generator=g) < frac
+        masks[:, 7] = True
+        full = _exact(head, h).masked_fill(~masks, float("-inf")).argmax(-1).tolist()
+        assert head.greedy(h, masks) == full
+        assert [sparse_sample(head, h[i], masks[i], greedy, None) for i in range(3)] == full[:3]
 
 
 def test_batched_masks_equal_each_matchers_own(tiny_dir):
