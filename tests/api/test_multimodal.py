@@ -214,3 +214,30 @@ def test_image_cap_below_the_checkpoints_minimum_is_refused(vlm_dir, capsys):
                              "--kv-cache-memory", "4MiB", "--image-max-pixels", "1000"]) == 2
     err = capsys.readouterr().err
     assert "below the checkpoint's min_pixels=3136" in err and "Traceback" not in err
+
+
+def test_tokenize_counts_media_as_generation_does(vlm_client, vlm_server, model):
+    """/tokenize takes image and video messages (a 400 once) and counts them as generation
+    does: the prompt_tokens of the same messages, each placeholder expanded to its rows."""
+    for parts in ([image(str(media_path("rocket.jpg"))), ASK],
+                  [image(str(media_path("coffee.png"))), image(str(media_path("rocket.jpg"))),
+                   ASK],
+                  [{"type": "video_url", "video_url": {"url": str(media_path("nasa_13013.mp4")),
+                                                       "max_frames": 4}}, ASK]):
+        msgs = [{"role": "user", "content": parts}]
+        r = httpx.post(vlm_server.url + "/tokenize", json={"model": model, "messages": msgs},
+                       timeout=120)
+        assert r.status_code == 200, r.text
+        got = vlm_client.chat.completions.create(model=model, messages=msgs, temperature=0,
+                                                 max_tokens=1)
+        assert r.json()["count"] == len(r.json()["tokens"]) == got.usage.prompt_tokens
+    # a text-only count is smaller by exactly the image's rows plus its placeholder's
+    text = httpx.post(vlm_server.url + "/tokenize", json={"messages": [
+        {"role": "user", "content": [ASK]}]}, timeout=60).json()["count"]
+    one = httpx.post(vlm_server.url + "/tokenize", json={"messages": [
+        {"role": "user", "content": [image(str(media_path("rocket.jpg"))), ASK]}]},
+        timeout=60).json()["count"]
+    assert one > text + tokens_for("rocket.jpg")
+    bad = httpx.post(vlm_server.url + "/tokenize", json={"messages": [
+        {"role": "user", "content": [image("file:///etc/passwd"), ASK]}]}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
