@@ -72,6 +72,8 @@ class Router:
         # (full, SWA, prompt ends) {key: expiry}
         self._pending: dict[str, tuple[dict[bytes, float], ...]] = {}
         self._tasks: list[asyncio.Task] = []
+        self._writes: set[asyncio.Task] = set()     # state writes under way (kept referenced)
+        self._write_order = asyncio.Lock()
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(cfg.request_timeout, connect=3.0),
                                       limits=httpx.Limits(max_connections=2048,
                                                           max_keepalive_connections=256))
@@ -174,34 +176,49 @@ class Router:
                 part.update(dict.fromkeys(keys, until))
         self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
-        await self._inflight_add(d.url, 1)
+        # The shared copies are written behind the request's back: this replica's next
+        # decisions read its own from memory, so nothing waits for them.
+        self._background(self._inflight_add(d.url, 1))
         if d.pending is not None and self.state is not None:
-            try:
-                await self.state.mark_pending(d.pending.incarnation, d.pending.full,
-                                              d.pending.swa, d.pending.end, PENDING_MS)
-            except StateUnavailable:
-                self._count_redis_errors()
+            self._background(self._mark(d.pending))
         return d
+
+    def _background(self, coro) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._writes.add(t)
+        t.add_done_callback(self._writes.discard)
+
+    async def _mark(self, p: Pending) -> None:
+        assert self.state is not None
+        try:
+            await self.state.mark_pending(p.incarnation, p.full, p.swa, p.end, PENDING_MS)
+        except StateUnavailable:
+            self._count_redis_errors()
 
     # ---- in-flight ----------------------------------------------------------------------
     async def end(self, d: Decision) -> None:
         self.inflight[d.url] = self.inflight.get(d.url, 0) - 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
-        await self._inflight_add(d.url, -1)
+        self._background(self._inflight_add(d.url, -1))
 
     async def _inflight_add(self, url: str, n: int) -> None:
-        if self.state is not None and not self.state.need_sync:
-            try:
-                await self.state.inflight_add(url, n)
-            except StateUnavailable:
-                self._count_redis_errors()
+        # In order (asyncio.Lock is FIFO and these tasks start in creation order), so an
+        # end never overtakes its begin in Redis.
+        async with self._write_order:
+            if self.state is not None and not self.state.need_sync:
+                try:
+                    await self.state.inflight_add(url, n)
+                except StateUnavailable:
+                    self._count_redis_errors()
 
     # ---- decisions ----------------------------------------------------------------------
     async def tokenize(self, kind: str, body) -> list[int] | None:
         """The prompt's token ids, as the workers would build them (None: not known)."""
         if self.prompts is None or self.cfg.policy != "cache-aware":
             return None
-        return await asyncio.to_thread(self.prompts.prompt_ids, kind, body)
+        # On the loop: a few milliseconds for long prompts, less than a thread hop costs
+        # on a loaded machine.
+        return self.prompts.prompt_ids(kind, body)
 
     async def decide(self, kind: str, body, exclude: frozenset[str] = frozenset()) -> Decision:
         return await self.decide_ids(await self.tokenize(kind, body), exclude)
