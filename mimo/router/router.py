@@ -199,7 +199,9 @@ class Router:
     async def end(self, d: Decision) -> None:
         self.inflight[d.url] = self.inflight.get(d.url, 0) - 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
-        self._background(self._inflight_add(d.url, -1))
+        # Awaited (after its begin, in order): once a client has its answer, every replica
+        # sees the worker's load without it.
+        await self._inflight_add(d.url, -1)
 
     async def _inflight_add(self, url: str, n: int) -> None:
         # In order (asyncio.Lock is FIFO and these tasks start in creation order), so an
