@@ -86,7 +86,12 @@ def token_logprob(logits: torch.Tensor, token: int, top: int
                   ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
     """(token, its log-probability, the `top` most likely (id, log-probability)) under the
     raw distribution softmax(logits [V] float32)."""
-    lp = torch.log_softmax(logits.float(), dim=-1)
+    return logprob_entry(torch.log_softmax(logits.float(), dim=-1), token, top)
+
+
+def logprob_entry(lp: torch.Tensor, token: int, top: int
+                  ) -> tuple[int, float, tuple[tuple[int, float], ...]]:
+    """`token_logprob` from a row of log-probabilities already computed."""
     alts: tuple[tuple[int, float], ...] = ()
     if top:
         v, i = torch.topk(lp, top)
@@ -208,11 +213,5 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
             tokens[rest[j]] = t
     for k, j in enumerate(with_lp):
         i = rest[j]
-        row = raw_lp[k]
-        top = seqs[i].params.logprobs
-        alts: tuple = ()
-        if top:
-            v, ix = torch.topk(row, top)
-            alts = tuple(zip(ix.tolist(), v.tolist()))
-        lps[i] = (tokens[i], float(row[tokens[i]]), alts)
+        lps[i] = logprob_entry(raw_lp[k], tokens[i], seqs[i].params.logprobs)
     return tokens, lps

@@ -10,7 +10,8 @@ from .matcher import TokenMatcher
 
 # Compact JSON: no free whitespace. A base model given free whitespace can emit newlines
 # forever inside a valid prefix; without it every token advances the document.
-_OPTIONS = {"whitespace_flexible": False}
+COMPACT = {"whitespace_flexible": False}
+
 
 
 class GrammarError(ValueError):
@@ -27,7 +28,7 @@ class Grammar:
     def json_schema(cls, schema: dict, vocab, name: str = "schema") -> Grammar:
         from llguidance import LLMatcher
         try:
-            source = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_OPTIONS)
+            source = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=COMPACT)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"JSON schema {name!r} is not valid: {e}") from None
         return cls._checked(source, vocab, f"json_schema {name}")

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .grammar import Grammar
-
-COMPACT = {"whitespace_flexible": False}
+from .grammar import COMPACT, Grammar
 
 
 @dataclass(frozen=True)
