@@ -117,11 +117,20 @@ class ToolFormat:
     # and the text a forced call is constrained to).
     call_prefix: str = "<tool_call>\n"
     call_suffix: str = "\n</tool_call>"
+    # How arguments are written between the markers: "json" ({"name", "arguments"}) or
+    # "xml" (<function=NAME> and one <parameter=KEY> block per argument, MiMo's).
+    args: str = "json"
     extra: dict = field(default_factory=dict)
 
     def write(self, name: str, arguments) -> str:
         args = arguments if isinstance(arguments, dict) else json.loads(arguments or "{}")
-        return f"{self.call_prefix}{_dump({'name': name, 'arguments': args})}{self.call_suffix}"
+        if self.args == "xml":
+            params = "".join(f"<parameter={k}>\n{v if isinstance(v, str) else _dump(v)}\n"
+                             f"</parameter>\n" for k, v in args.items())
+            body = f"<function={name}>\n{params}</function>"
+        else:
+            body = _dump({"name": name, "arguments": args})
+        return f"{self.call_prefix}{body}{self.call_suffix}"
 
 
 HERMES = Marker("<tool_call>", "</tool_call>", parse_json_calls)
@@ -130,7 +139,7 @@ TOOL_CODE = Marker("```tool_code", "```", parse_tool_code)
 
 FORMATS = {
     "hermes": ToolFormat("hermes", (HERMES,)),
-    "mimo": ToolFormat("mimo", (MIMO_XML,), reasoning=("<think>", "</think>")),
+    "mimo": ToolFormat("mimo", (MIMO_XML,), reasoning=("<think>", "</think>"), args="xml"),
     "gemma": ToolFormat("gemma", (HERMES, TOOL_CODE)),
 }
 _BY_ARCH = {"mimo_v2_flash": "mimo", "gemma3": "gemma", "llama": "hermes",

@@ -232,12 +232,14 @@ def test_multi_turn_after_a_tool_result(any_server, tokenizer):
     reasoning, content, calls = WANT["inside"]
     assert (msg.reasoning_content, msg.content, _calls(msg)) == (reasoning, content, calls)
     # What the model saw (/tokenize renders as generation does, the tools too): the tool
-    # list, the first call and its result, in the template's turns.
+    # list, the first call (written back in MiMo's form) and its result, in the template's
+    # turns.
     ids = httpx.post(any_server.url + "/tokenize", json={"messages": history,
                                                          "tools": TOOLS}).json()["tokens"]
     assert r.usage.prompt_tokens == len(ids)
     text = httpx.post(any_server.url + "/detokenize", json={"tokens": ids}).json()["prompt"]
-    assert '"temperature": 21' in text and '"city": "Paris"' in text and "Web search" in text
+    assert '"temperature": 21' in text and "Web search" in text
+    assert "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n" in text
     bare = httpx.post(any_server.url + "/tokenize", json={"messages": history}).json()["tokens"]
     assert len(bare) < len(ids)
     none = httpx.post(any_server.url + "/tokenize", json={"messages": history, "tools": TOOLS,
