@@ -38,8 +38,8 @@ def sessions(n: int, turns: int, shared: bool, system_words: int, user_words: in
 
 def trace_parents(rows) -> list[int | None]:
     """For each trace request, the latest earlier one whose blocks (all, or all but its
-    partial last one) begin its own beyond the first block (the turn it continues), or None. Prefixes are named by chained hashes, so this
-    is linear in the trace's blocks."""
+    partial last one) begin its own beyond the first block (the turn it continues), or
+    None. Prefixes are named by chained hashes, so this is linear in the trace's blocks."""
     last: dict[int, int] = {}
     out: list[int | None] = []
     for j, r in enumerate(rows):
