@@ -25,7 +25,7 @@ from collections.abc import Callable, Hashable
 
 from .radix_node import Node
 from .radix_tree import RadixTree
-from .tiers.keys import FULL, SWA, KeyChain
+from .tiers.keys import FULL, SWA, KeyChain, node_keys
 
 log = logging.getLogger("mimo.router.publish")
 
@@ -165,21 +165,4 @@ class TreeMirror:
         return True
 
     def _node_keys(self, node: Node) -> list[bytes]:
-        """The node's page keys, chained from its nearest ancestor that has them (the same
-        values and the same `Node.keys` slot as the tiers', from the same KeyChain)."""
-        chain, n = [], node
-        while n.parent is not None and n.keys is None:
-            chain.append(n)
-            n = n.parent
-        if n.parent is None:
-            if id(n) not in self._ns:
-                self._ns[id(n)] = self.tree.namespace_of(n)
-            prev = self.keys.root(self._ns[id(n)])
-        else:
-            assert n.keys is not None
-            prev = n.keys[-1]
-        for m in reversed(chain):
-            m.keys = self.keys.extend(prev, m.tokens)
-            prev = m.keys[-1]
-        assert node.keys is not None
-        return node.keys
+        return node_keys(self.keys, node, self.tree.namespace_of, self._ns)

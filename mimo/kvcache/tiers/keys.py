@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 from ..layout import KVLayout
 
@@ -67,3 +68,26 @@ class KeyChain:
     def name(kind: str, key: bytes) -> str:
         """The storage name of a page's KV of one kind."""
         return f"mimo:kv:{kind}:{key.hex()}"
+
+
+def node_keys(chain: KeyChain, node: Any, namespace_of: Callable[[Any], Hashable],
+              roots: dict[int, Hashable]) -> list[bytes]:
+    """A radix node's page keys, kept in its `keys` slot and chained from its nearest
+    ancestor that has them (a child of the root chains from the namespace's root key).
+    Every part that reads `Node.keys` (the tiers, the router's cache publishing) goes
+    through here with the model's one KeyChain, so the slot has one meaning. `roots` memoizes
+    the namespace under each root child (`namespace_of` walks the tree)."""
+    path, n = [], node
+    while n.parent is not None and n.keys is None:
+        path.append(n)
+        n = n.parent
+    if n.parent is None:
+        if id(n) not in roots:
+            roots[id(n)] = namespace_of(n)
+        prev = chain.root(roots[id(n)])
+    else:
+        prev = n.keys[-1]
+    for m in reversed(path):
+        m.keys = chain.extend(prev, m.tokens)
+        prev = m.keys[-1]
+    return node.keys

@@ -34,7 +34,7 @@ from ..radix_node import Node
 from ..seq_kv import SeqKV
 from .hit_plan import best_hit, window_of
 from .host_pool import HostPool
-from .keys import FULL, SWA, KeyChain
+from .keys import FULL, SWA, KeyChain, node_keys
 from .page_io import PageIO
 from .promotion import PromotionMixin
 from .storage_tier import FetchPlan, StorageTier
@@ -118,23 +118,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
 
     # ---- down: write-back to L2, write-through to L3 -----------------------------------------
     def _node_keys(self, node: Node) -> list[bytes]:
-        chain, n = [], node
-        while n.parent is not None and n.keys is None:
-            chain.append(n)
-            n = n.parent
-        if n.parent is None:
-            ns = self._ns.get(id(n))
-            if ns is None and id(n) not in self._ns:
-                ns = self._ns[id(n)] = self.tree.namespace_of(n)
-            prev = self.keys.root(ns)
-        else:
-            assert n.keys is not None
-            prev = n.keys[-1]
-        for m in reversed(chain):
-            m.keys = self.keys.extend(prev, m.tokens)
-            prev = m.keys[-1]
-        assert node.keys is not None
-        return node.keys
+        return node_keys(self.keys, node, self.tree.namespace_of, self._ns)
 
     def _write_back(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
         assert self.host is not None
