@@ -20,7 +20,7 @@ import concurrent.futures
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from ..gpu.sampling import sample_seqs
+from ..gpu.sampling import greedy_under_grammar_only, sample_seqs
 from .sequence import TokenLogprob
 
 
@@ -45,7 +45,7 @@ def _start_masks(seqs: list) -> Callable[[], list]:
     step settled). Matchers are made here, on the engine thread."""
     idx, matchers = [], []
     for i, s in enumerate(seqs):
-        if ensure_matcher(s) is None:
+        if s is None or ensure_matcher(s) is None:
             continue
         idx.append(i)
         matchers.append(s.matcher)
@@ -61,6 +61,28 @@ def _start_masks(seqs: list) -> Callable[[], list]:
             out[i] = rows[j]
         return out
     return wait
+
+
+def _grammar_first_greedy(head, hidden, seqs: list, rows: list[int], allowed: list
+                          ) -> dict[int, int]:
+    """Tokens of greedy rows under a grammar alone, without a mask where possible: the
+    unconstrained argmax, kept when it is in the grammar's mask (`takes_freely`: it is then
+    the argmax over the allowed tokens too, the lowest id on a tie either way). The other
+    rows get their masks in `allowed` (one batch) and are left to `sample_seqs`."""
+    if not rows:
+        return {}
+    import torch
+    fixed, refused = {}, []
+    for i, t in zip(rows, head.greedy(hidden[torch.tensor(rows)])):
+        if ensure_matcher(seqs[i]).takes_freely(t):
+            fixed[i] = t
+        else:
+            refused.append(i)
+    if refused:
+        from ..structured.matcher import batch_allowed
+        for i, row in zip(refused, batch_allowed([seqs[i].matcher for i in refused])):
+            allowed[i] = row
+    return fixed
 
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -115,12 +137,18 @@ class PlainDecode(DecodeStep):
     def execute(self, runner, head, chunks: list) -> list[list[int]]:
         sampled = [c for c in chunks if c.sample]
         seqs = [c.seq for c in sampled]
-        masks = _start_masks(seqs)
+        # Greedy rows under a grammar alone, where it forces nothing, try the unconstrained
+        # argmax first (no mask); the others' masks are computed while the forward runs.
+        lazy = [i for i, s in enumerate(seqs) if greedy_under_grammar_only(s.params)
+                and not ensure_matcher(s).forced]
+        skip = set(lazy)
+        masks = _start_masks([None if i in skip else s for i, s in enumerate(seqs)])
         try:
             hidden = runner.execute(chunks)
         finally:
             allowed = masks()       # even when the forward failed: no mask still running
-        tokens, lps = sample_seqs(head, hidden, seqs, allowed)
+        fixed = _grammar_first_greedy(head, hidden, seqs, lazy, allowed)
+        tokens, lps = sample_seqs(head, hidden, seqs, allowed, fixed)
         self._pending = {id(c): lp for c, lp in zip(sampled, lps) if lp is not None}
         return [[t] for t in tokens]
 

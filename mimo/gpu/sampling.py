@@ -149,17 +149,26 @@ def _reshapes(p) -> bool:
                 or p.repetition_penalty != 1.0)
 
 
-def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
-                ) -> tuple[list[int], list]:
+def greedy_under_grammar_only(p) -> bool:
+    """Greedy under a grammar and nothing else that shapes the logits or reports them."""
+    return (p.constraint is not None and p.greedy and p.logprobs is None and p.min_p == 0
+            and not _reshapes(p))
+
+
+def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list,
+                fixed: dict[int, int] | None = None) -> tuple[list[int], list]:
     """One token per row of `hidden` for each request in `seqs` (its params, prompt, output
-    so far, generator), with every logit processor; `allowed[i]`: its grammar mask or None.
+    so far, generator), with every logit processor; `allowed[i]`: its grammar mask or None;
+    `fixed`: rows whose token the caller already chose (row -> token, no logprobs).
     Returns the tokens and, per request, its token_logprob tuple or None.
 
     Batched where it is per-token work on the whole vocabulary: one logits matmul, one
     log-softmax for the rows that report logprobs (raw logits, before any mask), one masked
     fill for the rows under a grammar and one argmax for the greedy rows."""
-    plain = [i for i, s in enumerate(seqs) if not s.params.needs_logits and allowed[i] is None]
-    tokens: list[int] = [0] * len(seqs)
+    fixed = fixed or {}
+    plain = [i for i, s in enumerate(seqs) if not s.params.needs_logits and allowed[i] is None
+             and i not in fixed]
+    tokens: list[int] = [fixed.get(i, 0) for i in range(len(seqs))]
     lps: list = [None] * len(seqs)
     if plain:
         h = hidden if len(plain) == len(seqs) else hidden[torch.tensor(plain)]
@@ -170,6 +179,8 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
     # when the grammar allows few; greedy rows without full logits either way.
     sparse = set()
     for i, s in enumerate(seqs):
+        if i in fixed:
+            continue
         if allowed[i] is not None and s.params.logprobs is None and not _reshapes(s.params):
             t = sparse_sample(head, hidden[i], allowed[i], s.params, s.generator)
             if t is not None:
@@ -182,7 +193,7 @@ def sample_seqs(head, hidden: torch.Tensor, seqs: list, allowed: list
         for i, t in zip(mg, head.greedy(hidden[torch.tensor(mg)],
                                         torch.stack([allowed[i] for i in mg]))):
             tokens[i] = t
-    done = set(plain) | set(mg) | sparse
+    done = set(plain) | set(mg) | sparse | set(fixed)
     rest = [i for i in range(len(seqs)) if i not in done]
     if not rest:
         return tokens, lps

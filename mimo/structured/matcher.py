@@ -72,6 +72,18 @@ class TokenMatcher:
             self._m.rollback(n)
         return n
 
+    @property
+    def forced(self) -> bool:
+        """The grammar forces the next bytes (or is complete): its mask keeps only their
+        canonical tokens (or EOS)."""
+        return self._m.is_stopped() or bool(self._m.compute_ff_bytes())
+
+    def takes_freely(self, token: int) -> bool:
+        """Whether `token` is in the mask `allowed()` would compute, without computing it:
+        the grammar accepts it here and forces no bytes here (where it forces bytes, the
+        mask keeps only their canonical tokens, stricter than what the grammar accepts)."""
+        return not self.forced and self.valid_prefix([token]) == 1
+
     def rollback(self, n: int) -> None:
         if n:
             self._m.rollback(n)

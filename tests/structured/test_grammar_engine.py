@@ -137,3 +137,22 @@ def test_the_grammar_wins_over_min_tokens_and_ignore_eos(tiny_dir, temperature, 
         assert q.output_ids[-1] in eng.eos_ids
         assert json.loads(llm.tokenizer.decode(q.output_ids[:-1])) in (True, False)
     assert free.finish_reason == "length" and len(free.output_ids) == 12
+
+
+def test_greedy_tokens_lie_in_the_mask_at_every_position(tiny_dir):
+    """Greedy decoding under a grammar keeps the unconstrained argmax without computing the
+    mask when the grammar takes it freely: replayed on a fresh matcher, every emitted token
+    lies in the mask computed at its position (so it is the masked argmax)."""
+    llm = build(tiny_dir)
+    eng = llm.engine
+    vocab = grammar_vocab(llm.tokenizer, eng.model_config.vocab_size, eng.eos_ids)
+    schemas = random_schemas(24, seed=5) + random_schemas(40, seed=9)
+    done = generate(llm, schemas, 0.0)
+    for s, q in zip(schemas, done):
+        m = Grammar.json_schema(s, vocab).matcher()
+        for t in q.output_ids:
+            if m.done:
+                assert t in eng.eos_ids
+                break
+            assert bool(m.allowed()[t])
+            assert m.consume([t])
