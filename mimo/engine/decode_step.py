@@ -33,14 +33,9 @@ def ensure_matcher(seq):
     return seq.matcher
 
 
-def grammar_masks(seqs: list) -> list:
-    """Each request's grammar mask for its next token (None without a constraint), all
-    computed in one batch; makes a request's matcher on first use."""
-    return _start_masks(seqs)()
-
-
 def _start_masks(seqs: list) -> Callable[[], list]:
-    """Start computing `grammar_masks(seqs)` off this thread and return what waits for
+    """Start computing the grammar mask of each request's next token (None without a
+    constraint, or for a None entry), all in one batch off this thread, and return what waits for
     them, so that they overlap the forward (a matcher's state is final once the previous
     step settled). Matchers are made here, on the engine thread."""
     idx, matchers = [], []
