@@ -13,6 +13,7 @@ Ownership: only the engine thread touches a HostPool.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +32,8 @@ class HostStore:
         self._key_of: dict[int, bytes] = {}
         self._pins: dict[int, int] = {}
         self.evicted = 0
+        # Told (key, present) after a key is stored or evicted: the router's publishing.
+        self.on_change: Callable[[bytes, bool], None] | None = None
 
     def has(self, key: bytes) -> bool:
         return key in self.index
@@ -53,6 +56,8 @@ class HostStore:
             self.index[key] = slot
             self._key_of[slot] = key
             stored += 1
+            if self.on_change is not None:
+                self.on_change(key, True)
         return stored
 
     def _evict_one(self) -> bool:
@@ -62,6 +67,8 @@ class HostStore:
                 self.alloc.unpark([slot])
                 self.alloc.free([slot])
                 self.evicted += 1
+                if self.on_change is not None:
+                    self.on_change(key, False)
                 return True
         return False
 

@@ -85,6 +85,9 @@ class StorageTier:
         # Keys the engine learns were not stored after all (write failed): read back on the
         # engine thread (`failed_keys`), which forgets them as written.
         self._failed: list[str] = []
+        # Told (names, present) on the I/O thread: names stored or found, names found
+        # missing (the router's publishing learns the shared store's contents from them).
+        self.on_seen: Callable[[list[str], bool], None] | None = None
 
     # ---- engine thread ------------------------------------------------------------------
     def write(self, names: list[str], rows: torch.Tensor, done: Callable | None = None) -> bool:
@@ -149,6 +152,9 @@ class StorageTier:
         except Exception as e:  # noqa: BLE001 - a failed write is a dropped write
             log.warning("KV storage write failed: %r", e)
             bad = list(names)
+        if self.on_seen is not None and len(bad) < len(names):
+            failed = set(bad)
+            self._seen([n for n in names if n not in failed], True)
         with self._lock:
             self.stats.batches += 1
             self.stats.pages += len(names) - len(bad)
@@ -209,6 +215,11 @@ class StorageTier:
         got: dict[tuple[str, int], Payload] = {}
         self._keep(want, blobs, got)
         have_s = {i for i, ok in zip(probe_s, found) if ok}
+        if self.on_seen is not None:
+            self._seen([name(SWA, keys[i]) for i in have_s]
+                       + [name(k, keys[i]) for k, i in want if (k, i) in got], True)
+            self._seen([name(SWA, keys[i]) for i in probe_s if i not in have_s]
+                       + [name(k, keys[i]) for k, i in want if (k, i) not in got], False)
         for _ in range(2):      # again if entries vanished between the probe and the read
             full_ok = [plan.local_full[i] or (FULL, i) in got for i in range(n_all)]
             swa_ok = (None if swa_local is None else
@@ -227,8 +238,16 @@ class StorageTier:
                                        if (i < n if k == FULL else i in win)})
             blobs = await self.storage.get([name(k, keys[i]) for k, i in need], self.timeout)
             self._keep(need, blobs, got)
+            self._seen([name(k, keys[i]) for k, i in need if (k, i) not in got], False)
             have_s -= {i for (_, i) in need if (SWA, i) not in got}
         return FetchResult()
+
+    def _seen(self, names: list[str], present: bool) -> None:
+        if names and self.on_seen is not None:
+            try:
+                self.on_seen(names, present)
+            except Exception:  # noqa: BLE001 - publishing must never fail a load
+                log.exception("KV storage: reporting seen entries failed")
 
     def _keep(self, want: list[tuple[str, int]], blobs: list[Payload | None],
               got: dict[tuple[str, int], Payload]) -> None:
