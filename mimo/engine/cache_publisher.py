@@ -10,8 +10,12 @@ On the server's event loop, the publisher
   client has read the answer and sent the next request);
 - sends a heartbeat every `interval` seconds with a TTL of `ttl`: the incarnation, the key
   fingerprint and page size, the window and cache mode the router predicts matches with,
-  and the load (uncached prompt tokens queued and running). The page sets' TTL is renewed
-  with it, so a dead worker's sets go away by themselves.
+  the tiers it can load from (a host tier; the shared store's `storage_id`) and the load
+  (uncached prompt tokens queued and running). The page sets' TTL is renewed with it, so a
+  dead worker's sets go away by themselves;
+- with tiers (kvcache/cache_events.TierMirror), writes its host tier's page sets (per
+  incarnation, like the tree's) and what it learns of the shared store to that store's sets
+  (shared by every worker on it: added to and removed from, never rewritten whole).
 A Redis error loses nothing: the publisher retries with a back-off, and once Redis answers
 again it rewrites the page sets whole from the mirror (changes made meanwhile included).
 """
@@ -30,6 +34,8 @@ from ..kvcache.tiers.keys import FULL, SWA, KeyChain
 log = logging.getLogger("mimo.router.publish")
 
 _CHUNK = 2000       # members per SADD / SREM
+# The shared store's sets outlive any one worker (the store does); renewed by heartbeats.
+L3_TTL_MS = 3_600_000
 
 
 def open_redis(url: str):
@@ -73,6 +79,13 @@ class CachePublisher:
         self.mirror = ce.TreeMirror(tree, self.keys) if tree is not None else None
         self.window = engine.pool.window if engine.pool.hybrid else 0
         self.rebuild = tree.rebuild if tree is not None else 0
+        host, storage = getattr(engine.cache, "host", None), getattr(engine.cache, "storage", None)
+        self.tiers = (ce.TierMirror(host, storage)
+                      if host is not None or storage is not None else None)
+        self.has_host = host is not None
+        url = getattr(getattr(engine.cache, "cfg", None), "kv_storage", None)
+        self.store = (ce.storage_id(self.keys.fingerprint, url)
+                      if storage is not None and url else "")
         self.errors = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -84,8 +97,9 @@ class CachePublisher:
     # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        if self.mirror is not None:
-            self.mirror.on_change = lambda: loop.call_soon_threadsafe(self._wake.set)
+        for m in (self.mirror, self.tiers):
+            if m is not None:
+                m.on_change = lambda: loop.call_soon_threadsafe(self._wake.set)
         self._task = loop.create_task(self._run())
 
     async def stop(self) -> None:
@@ -147,6 +161,7 @@ class CachePublisher:
             old = old.decode()
             for kind in (FULL, SWA):      # what it held, and what routers expected of it
                 await c.delete(ce.pages_key(old, kind), ce.pending_key(old, kind))
+            await c.delete(ce.pages_key(old, ce.L2_FULL), ce.pages_key(old, ce.L2_SWA))
             await c.delete(ce.pending_key(old, "e"))
         await c.set(ce.incarnation_key(self.url), self.incarnation)
         self._started = True
@@ -162,21 +177,38 @@ class CachePublisher:
             members = snap[kind]
             for i in range(0, len(members), _CHUNK):
                 await c.sadd(name, *members[i:i + _CHUNK])
+        if self.tiers is not None:
+            tiers = self.tiers.snapshot()
+            for kind, members in tiers.items():
+                if kind in (FULL, SWA) and not self.store:
+                    continue
+                name = self._tier_set(kind)
+                if kind in (ce.L2_FULL, ce.L2_SWA):
+                    await c.delete(name)
+                for i in range(0, len(members), _CHUNK):
+                    await c.sadd(name, *members[i:i + _CHUNK])
         self._resync = False
 
+    def _tier_set(self, kind: str) -> str:
+        if kind in (ce.L2_FULL, ce.L2_SWA):
+            return ce.pages_key(self.incarnation, kind)
+        return ce.l3_key(self.store, kind)
+
     async def _flush(self) -> None:
-        if self.mirror is None:
-            return
-        delta = self.mirror.drain()
-        if not delta:
-            return
         ops: dict[tuple[str, bool], list[bytes]] = {}
-        for (kind, key), present in delta.items():
-            ops.setdefault((kind, present), []).append(key)
+        for m, name_of in ((self.mirror, lambda kind: ce.pages_key(self.incarnation, kind)),
+                           (self.tiers, self._tier_set)):
+            if m is None:
+                continue
+            for (kind, key), present in m.drain().items():
+                if kind in (FULL, SWA) and m is self.tiers and not self.store:
+                    continue
+                ops.setdefault((name_of(kind), present), []).append(key)
+        if not ops:
+            return
         try:
             pipe = self._client.pipeline(transaction=False)
-            for (kind, present), members in ops.items():
-                name = ce.pages_key(self.incarnation, kind)
+            for (name, present), members in ops.items():
                 for i in range(0, len(members), _CHUNK):
                     part = members[i:i + _CHUNK]
                     pipe.sadd(name, *part) if present else pipe.srem(name, *part)
@@ -202,13 +234,16 @@ class CachePublisher:
     async def _heartbeat(self) -> None:
         hb = {"incarnation": self.incarnation, "fingerprint": self.keys.fingerprint.hex(),
               "page_size": self.keys.P, "window": self.window, "mode": self.mode,
-              "rebuild": self.rebuild,
+              "rebuild": self.rebuild, "host": self.has_host, "store": self.store,
               "interval": self.interval, "time": time.time(), **self.load()}
         c, ms = self._client, int(self.ttl * 1000)
         pipe = c.pipeline(transaction=False)
         pipe.set(ce.heartbeat_key(self.url), json.dumps(hb), px=ms)
         await pipe.execute()
         pipe = c.pipeline(transaction=False)
-        for kind in (FULL, SWA):
+        for kind in (FULL, SWA, ce.L2_FULL, ce.L2_SWA):
             pipe.pexpire(ce.pages_key(self.incarnation, kind), ms * 20)
+        if self.store:
+            for kind in (FULL, SWA):
+                pipe.pexpire(ce.l3_key(self.store, kind), L3_TTL_MS)
         await pipe.execute()

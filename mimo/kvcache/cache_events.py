@@ -12,6 +12,13 @@ Changes are coalesced in `delta` (key -> present or not) until the publisher dra
 (engine/cache_publisher.py); `snapshot` gives the whole state for a resync after Redis was
 away. Listener calls come from the engine thread, drains from the event loop: one lock.
 
+`TierMirror` does the same for the tiers below (issue 17's partial credit): the keys of the
+worker's host tier (L2), exact (`HostStore.on_change`), and what the worker learned of the
+shared store (L3): names it stored or found there, and names it found missing
+(`StorageTier.on_seen`). A store evicts by its own policy (Redis's LRU, a disk cap) without
+telling anyone, so the L3 sets are learned: an entry gone is dropped once some worker's
+lookup misses it.
+
 Redis names live here too (one place for the worker and the router). Every router key shares
 the hash tag {mimo:rt} (one Redis Cluster slot: heartbeats, membership, in-flight counts,
 read together); each worker incarnation's page sets share their own tag, so the bulky part
@@ -19,13 +26,19 @@ spreads over a cluster.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from urllib.parse import urlsplit
 
 from .radix_node import Node
 from .radix_tree import RadixTree
 from .tiers.keys import FULL, SWA, KeyChain, node_keys
+
+L2_FULL, L2_SWA = "hf", "hs"        # a worker's host-tier page sets (kinds of pages_key)
+_L3_KNOWN_CAP = 1 << 20             # L3 keys a worker remembers, to rewrite after an outage
 
 log = logging.getLogger("mimo.router.publish")
 
@@ -49,6 +62,19 @@ def inflight_key(router_id: str) -> str:
 
 def pages_key(incarnation: str, kind: str) -> str:
     return f"{{mimo:pk:{incarnation}}}:{kind}"
+
+
+def l3_key(store: str, kind: str) -> str:
+    """The pages one shared store holds (`store`: `storage_id`), every worker's writes."""
+    return f"{{mimo:l3:{store}}}:{kind}"
+
+
+def storage_id(fingerprint: bytes, url: str) -> str:
+    """Names one shared store of one model's KV: workers that read the same store with the
+    same keys give the same id (credentials are not part of it)."""
+    parts = urlsplit(url)
+    where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
+    return hashlib.blake2b(fingerprint + where.encode(), digest_size=8).hexdigest()
 
 
 def pending_key(incarnation: str, kind: str) -> str:
@@ -166,3 +192,61 @@ class TreeMirror:
 
     def _node_keys(self, node: Node) -> list[bytes]:
         return node_keys(self.keys, node, self.tree.namespace_of, self._ns)
+
+
+class TierMirror:
+    """The tiers' keys for the router: `host` (kind -> keys in L2, exact) and the L3 keys this
+    worker learned, as `delta` {(set kind, key): present} for the publisher, set kinds being
+    L2_FULL / L2_SWA and FULL / SWA for L3. Called from the engine thread (L2) and the
+    storage I/O thread (L3); drained on the event loop: one lock."""
+    def __init__(self, host, storage):
+        self.lock = threading.Lock()
+        self.host: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
+        self.delta: dict[tuple[str, bytes], bool] = {}
+        self.l3: OrderedDict[tuple[str, bytes], None] = OrderedDict()  # learned present
+        self.on_change: Callable[[], object] | None = None
+        if host is not None:
+            for kind, store in host.stores.items():
+                self.host[kind].update(store.index)
+                store.on_change = (lambda key, present, k=kind: self._host(k, key, present))
+        if storage is not None:
+            storage.on_seen = self._seen
+
+    def _host(self, kind: str, key: bytes, present: bool) -> None:
+        with self.lock:
+            (self.host[kind].add if present else self.host[kind].discard)(key)
+            self.delta[(L2_FULL if kind == FULL else L2_SWA, key)] = present
+        if self.on_change is not None:
+            self.on_change()
+
+    def _seen(self, names: list[str], present: bool) -> None:
+        with self.lock:
+            for name in names:
+                _, _, kind, hexkey = name.split(":")     # KeyChain.name: mimo:kv:KIND:HEX
+                k = (kind, bytes.fromhex(hexkey))
+                if present:
+                    self.l3[k] = None
+                    self.l3.move_to_end(k)
+                    if len(self.l3) > _L3_KNOWN_CAP:
+                        self.l3.popitem(last=False)
+                else:
+                    self.l3.pop(k, None)
+                self.delta[k] = present
+        if self.on_change is not None:
+            self.on_change()
+
+    def drain(self) -> dict[tuple[str, bytes], bool]:
+        with self.lock:
+            d, self.delta = self.delta, {}
+        return d
+
+    def snapshot(self) -> dict[str, list[bytes]]:
+        """{set kind: keys}: the host sets whole, and the L3 keys this worker knows (added
+        to the shared sets, never replacing them: other workers write there too)."""
+        with self.lock:
+            self.delta = {}
+            out: dict[str, list[bytes]] = {L2_FULL: list(self.host[FULL]),
+                                           L2_SWA: list(self.host[SWA]), FULL: [], SWA: []}
+            for kind, key in self.l3:
+                out[kind].append(key)
+            return out
