@@ -24,7 +24,7 @@ def main(argv=None) -> int:
     prompts = None
     if cfg.model and cfg.policy == "cache-aware":
         from .prompt import PromptBuilder
-        prompts = PromptBuilder(cfg.model)
+        prompts = PromptBuilder(cfg.model, cfg.image_max_pixels)
     try:
         import uvloop  # noqa: F401
         loop = "uvloop"

@@ -93,7 +93,9 @@ def build_app(router: Router) -> Starlette:
         except NoWorker:
             return error_json(503, "no healthy worker", "server_error", "no_worker")
         return JSONResponse({"worker": d.url, "predicted_cached_tokens": d.predicted,
-                             "prompt_tokens": d.prompt_len, "how": d.how, "score": d.score})
+                             "predicted_by_tier": dict(zip(("l1", "l2", "l3"), d.tiers)),
+                             "credited_tokens": d.credited, "prompt_tokens": d.prompt_len,
+                             "how": d.how, "score": d.score})
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),

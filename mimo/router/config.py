@@ -15,7 +15,10 @@ class RouterConfig:
     host: str = "127.0.0.1"
     port: int = 8100
     model: str | None = "gemma-3-270m"  # the workers' model, for its tokenizer and template
+    image_max_pixels: int | None = None  # the workers' --image-max-pixels (media prompts' keys)
     match_weight: float = 1.0
+    l2_credit: float = 0.8              # a page a worker's host tier holds, vs its tree's 1
+    l3_credit: float = 0.5              # a page the shared store holds (every worker on it)
     load_token_unit: int = 4096         # heartbeat uncached tokens per unit of load
     health_interval: float = 1.0
     retries: int = 2                    # other workers tried when one fails before a byte
@@ -28,6 +31,10 @@ class RouterConfig:
     def __post_init__(self):
         if self.policy not in ("cache-aware", "round-robin"):
             raise ConfigError(f"policy must be cache-aware or round-robin, not {self.policy!r}")
+        if not (0 <= self.l2_credit <= 1 and 0 <= self.l3_credit <= 1):
+            raise ConfigError("l2_credit and l3_credit must lie in [0, 1]")
+        if self.image_max_pixels is not None and self.image_max_pixels <= 0:
+            raise ConfigError("image_max_pixels must be > 0")
         if self.retries < 0 or self.fallback_pages < 1 or self.load_token_unit < 1:
             raise ConfigError("retries >= 0, fallback_pages >= 1, load_token_unit >= 1")
         if not (self.health_interval > 0 and self.redis_timeout > 0 and self.request_timeout > 0):
@@ -58,10 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="gemma-3-270m",
                    help="the workers' model (built-in name, .gguf or HF directory): the router "
                         "tokenizes prompts with its tokenizer and chat template")
+    p.add_argument("--image-max-pixels", type=int, default=None, metavar="N",
+                   help="the workers' --image-max-pixels, if they set one: a vision-language "
+                        "model's image prompts are keyed by the patch grid it gives "
+                        "(default: the checkpoint's bound)")
     p.add_argument("--match-weight", type=float, default=1.0,
                    help="weight of the predicted cached fraction against normalized load "
                         "(default 1: a worker with one mean load + 1 more requests in "
                         "flight than another must hold the whole prompt more to win)")
+    p.add_argument("--l2-credit", type=float, default=0.8, metavar="W",
+                   help="credit of a prompt page the worker holds in its host-memory tier "
+                        "(L2), against 1 for one in its device cache: loading it costs a "
+                        "copy (default 0.8)")
+    p.add_argument("--l3-credit", type=float, default=0.5, metavar="W",
+                   help="credit of a prompt page held in the shared KV store (L3) the "
+                        "worker loads from, for every worker on that store: loading costs a "
+                        "round trip, and the router learns the store's evictions only from "
+                        "misses (default 0.5)")
     p.add_argument("--load-token-unit", type=int, default=4096, metavar="TOKENS",
                    help="uncached tokens queued on a worker that weigh as one in-flight "
                         "request in its load (default 4096)")
@@ -88,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
 def router_config(a: argparse.Namespace) -> RouterConfig:
     extra = {"router_id": a.router_id} if a.router_id else {}
     return RouterConfig(workers=tuple(w.rstrip("/") for w in a.worker), redis=a.redis,
-                        host=a.host, port=a.port, model=a.model, match_weight=a.match_weight,
+                        host=a.host, port=a.port, model=a.model, image_max_pixels=a.image_max_pixels,
+                        match_weight=a.match_weight,
+                        l2_credit=a.l2_credit, l3_credit=a.l3_credit,
                         load_token_unit=a.load_token_unit, health_interval=a.health_interval,
                         retries=a.retries, fallback_pages=a.fallback_pages,
                         redis_timeout=a.redis_timeout, request_timeout=a.request_timeout,

@@ -2,7 +2,12 @@
   mimo_router_requests_total{worker,status}            requests answered through the worker
   mimo_router_prompt_tokens_total{worker}              prompt tokens (the router's count)
   mimo_router_predicted_cached_tokens_total{worker}    predicted cached tokens, every request
-  mimo_router_measured_predicted_tokens_total{worker}  the same, for requests whose usage was
+  mimo_router_predicted_tier_tokens_total{worker,tier}  the predicted cached tokens by the tier
+      their KV comes from (l1: the worker's tree, l2: its host tier, l3: the shared store)
+  mimo_router_credited_tokens_total{worker}           the score's weighted tokens (tiers below
+      L1 at --l2-credit / --l3-credit): not comparable with the actual ones
+  mimo_router_measured_predicted_tokens_total{worker}  the predicted tokens (every tier), for
+      requests whose usage was
       seen (non-streamed, or streamed with include_usage): compare with
   mimo_router_actual_cached_tokens_total{worker}       cached tokens the worker reported
   mimo_router_retries_total{worker}                    requests moved off the worker (it failed
@@ -28,6 +33,12 @@ class RouterMetrics:
         self.prompt = Counter("mimo_router_prompt_tokens", "Prompt tokens", w, registry=r)
         self.predicted = Counter("mimo_router_predicted_cached_tokens",
                                  "Predicted cached tokens", w, registry=r)
+        self.tier_predicted = Counter("mimo_router_predicted_tier_tokens",
+                                      "Predicted cached tokens by the tier they come from",
+                                      ["worker", "tier"], registry=r)
+        self.credited = Counter("mimo_router_credited_tokens",
+                                "Predicted cached tokens weighted by tier (the score's)", w,
+                                registry=r)
         self.measured_predicted = Counter("mimo_router_measured_predicted_tokens",
                                           "Predicted cached tokens of requests with usage",
                                           w, registry=r)

@@ -5,6 +5,16 @@ but its last token): the leading run of pages whose full KV the worker holds, cu
 longest prefix whose window before its end has live SWA on every page (`best_hit`, the rule
 the tiers plan hits with). With window rebuild on, a
 token-equal run past the last live window counts from the rebuild's start, as `match` does.
+
+`tiered` adds the tiers below, as a worker's admission uses them (tiers/promotion.py, the
+engine's L3 loader): the longest hit over L1, the worker's host tier (L2) and the shared store
+(L3) by the same `best_hit` rule, with L1's own window-safe hit as the floor; the pages it
+adds are promoted into the tree, whose match then gives the length (`tokens`: what the
+worker's usage reports as cached). For the score, each page past L1's own hit is credited by
+where its full KV comes from: 1 if the tree holds it, `l2_credit` from the host tier,
+`l3_credit` from the shared store (a load costs a copy or a round trip, and the store's set is
+learned, so it may hold less than published).
+
 The score is the report's
     match_weight * predicted_cached_fraction - normalized_load,
 load = the routers' in-flight requests on the worker (all replicas, from Redis) + its queued
@@ -26,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..kvcache.retention import window_first_page
-from ..kvcache.tiers.hit_plan import best_hit
+from ..kvcache.tiers.hit_plan import best_hit, window_of
 
 
 def predicted_tokens(full_ok: Sequence[bool], swa_ok: Sequence[bool] | None, window: int,
@@ -46,6 +56,53 @@ def predicted_tokens(full_ok: Sequence[bool], swa_ok: Sequence[bool] | None, win
     return q * P
 
 
+@dataclass(frozen=True)
+class Prediction:
+    tokens: int         # what the worker's match would reuse, every tier's pages loaded
+    l1: int             # the tree's own match (`predicted_tokens`)
+    l2_pages: int       # pages of `tokens` whose full KV comes from the host tier
+    l3_pages: int       # ... from the shared store
+    credit: float       # tokens weighted by where their KV comes from (the score's)
+
+
+Pages = tuple[Sequence[bool], Sequence[bool]]     # (full KV present, SWA KV present)
+
+
+def tiered(full_ok: Sequence[bool], swa_ok: Sequence[bool] | None, window: int,
+           page_size: int, rebuild: int = 0, l2: Pages | None = None, l3: Pages | None = None,
+           l2_credit: float = 1.0, l3_credit: float = 1.0) -> Prediction:
+    """The prediction with the host tier (`l2`) and the shared store (`l3`) below the tree
+    (`full_ok`, `swa_ok` as for `predicted_tokens`); None: no such tier."""
+    P, n_all = page_size, len(full_ok)
+    l1 = predicted_tokens(full_ok, swa_ok, window, P, rebuild)
+    below = [t for t in (l2, l3) if t is not None]
+    if not below or not n_all:
+        return Prediction(l1, l1, 0, 0, float(l1))
+    full_any = [full_ok[i] or any(t[0][i] for t in below) for i in range(n_all)]
+    swa_any = (None if swa_ok is None else
+               [swa_ok[i] or any(t[1][i] for t in below) for i in range(n_all)])
+    floor = best_hit(full_ok, swa_ok, window, P)
+    n = best_hit(full_any, swa_any, window, P, floor)
+    tokens = l1
+    if n > floor:
+        # The tree after the promotion: the hit's full pages, and its window's SWA.
+        win = set(window_of(n, window, P)) if swa_ok is not None else set()
+        tokens = max(l1, predicted_tokens(
+            [full_ok[i] or i < n for i in range(n_all)],
+            None if swa_ok is None else [swa_ok[i] or i in win for i in range(n_all)],
+            window, P, rebuild))
+    from_l2 = from_l3 = 0
+    for i in range(l1 // P, tokens // P):
+        if full_ok[i]:
+            continue
+        if l2 is not None and l2[0][i]:
+            from_l2 += 1
+        else:
+            from_l3 += 1
+    credit = tokens - (from_l2 * (1 - l2_credit) + from_l3 * (1 - l3_credit)) * P
+    return Prediction(tokens, l1, from_l2, from_l3, credit)
+
+
 def prompt_pages(prompt_len: int, page_size: int) -> int:
     """Pages a match can reuse: whole pages of the prompt but its last token."""
     return max(prompt_len - 1, 0) // page_size
@@ -63,14 +120,14 @@ def rendezvous(key: bytes, workers: Sequence[str]) -> list[str]:
 @dataclass(frozen=True)
 class Candidate:
     url: str
-    predicted: int      # tokens
+    predicted: float    # tokens credited (`Prediction.credit`)
     load: float
 
 
 @dataclass(frozen=True)
 class Choice:
     url: str
-    predicted: int
+    predicted: float
     score: float
     how: str            # "score", "fallback" or "round-robin"
 

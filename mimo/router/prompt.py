@@ -3,18 +3,28 @@
 The router loads only the model's tokenizer and configuration (no weights) and runs the
 workers' own code on the body: `api.schemas.parse`, `api.chat_pipeline.chat_request` and
 `stages.prompt.BuildPrompt.tokenize` (chat template, tools folded in as the worker does), so
-the page keys it hashes are the ones the workers' trees hold. A body the workers would refuse,
-or one with media (its KV lives under a namespace of media hashes), has no prompt here: it is
-routed by load alone, and the worker answers it.
+the page keys it hashes are the ones the workers' trees hold. A prompt with images, on a
+vision-language model, is expanded and keyed in its media namespace as the worker does it
+(router/media.py: data: URLs; `image_max_pixels` must be the workers' --image-max-pixels). A
+body the workers would refuse, or media the router cannot see (http(s) or file URLs, videos),
+has no prompt here: it is routed by load alone, and the worker answers it.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Hashable
+from dataclasses import dataclass
 from pathlib import Path
 
 
+@dataclass(frozen=True)
+class Prompt:
+    ids: list[int]
+    namespace: Hashable = None      # the tree's key space: None for text, media hashes else
+
+
 class PromptBuilder:
-    def __init__(self, model: str):
+    def __init__(self, model: str, image_max_pixels: int | None = None):
         from ..models.hf_config import model_config_from_hf
         from ..models.registry import resolve
         from ..models.tokenizer import Tokenizer
@@ -34,17 +44,33 @@ class PromptBuilder:
             tok = Tokenizer.from_hf_dir(path)
         self.arch, self.vocab = cfg.arch, cfg.vocab_size
         self.tool_format = format_for(cfg.arch)
-        self.stage = BuildPrompt(tok, cfg.arch)
+        from ..multimodal.adapter import adapter_for
+        adapter = adapter_for(cfg)
+        self.media = None
+        if adapter is not None:
+            from ..multimodal.config import MediaConfig
+            from .media import MediaKeys
+            self.media = MediaKeys(adapter, MediaConfig(resize_max_pixels=image_max_pixels))
+        self.stage = BuildPrompt(tok, cfg.arch, adapter)
 
-    def prompt_ids(self, kind: str, body) -> list[int] | None:
-        """Token ids of the body's prompt (its first choice), None when there is none."""
+    def prompt(self, kind: str, body) -> Prompt | None:
+        """The body's prompt (its first choice) as the worker keys it, None when unknown."""
         from ..api import schemas
         from ..api.chat_pipeline import chat_request
         try:
-            spec = schemas.parse(kind, body, 2**31, multimodal=False, vocab_size=self.vocab,
-                                 tool_format=self.tool_format)
-            if spec.media:
+            spec = schemas.parse(kind, body, 2**31, multimodal=self.media is not None,
+                                 vocab_size=self.vocab, tool_format=self.tool_format)
+            ids = self.stage.tokenize(chat_request(spec))
+            if not spec.media:
+                return Prompt(ids)
+            if self.media is None:
                 return None
-            return self.stage.tokenize(chat_request(spec))
+            got = self.media.expand(ids, spec.media)
+            return None if got is None else Prompt(*got)
         except Exception:  # noqa: BLE001 - the worker answers what it refuses
             return None
+
+    def prompt_ids(self, kind: str, body) -> list[int] | None:
+        """Token ids of the body's prompt, None when unknown."""
+        p = self.prompt(kind, body)
+        return None if p is None else p.ids

@@ -54,6 +54,10 @@ class Forwarder:
         m.requests.labels(d.url, str(status)).inc()
         m.prompt.labels(d.url).inc(d.prompt_len)
         m.predicted.labels(d.url).inc(d.predicted)
+        m.credited.labels(d.url).inc(d.credited)
+        for tier, n in zip(("l1", "l2", "l3"), d.tiers):
+            if n:
+                m.tier_predicted.labels(d.url, tier).inc(n)
         if cached is not None:
             m.actual.labels(d.url).inc(cached)
             m.measured_predicted.labels(d.url).inc(d.predicted)
@@ -67,11 +71,11 @@ class Forwarder:
         stream = isinstance(body, dict) and bool(body.get("stream"))
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
         t0 = time.perf_counter()
-        ids = await self.r.tokenize(kind, body)
+        prompt = await self.r.tokenize(kind, body)
         tried: set[str] = set()
         for _ in range(self.r.cfg.retries + 1):
             try:
-                d = await self.r.route(ids, frozenset(tried))
+                d = await self.r.route(prompt, frozenset(tried))
             except NoWorker:
                 break
             if not tried:

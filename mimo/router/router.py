@@ -23,6 +23,7 @@ from ..kvcache.tiers.keys import KeyChain
 from . import policy
 from .config import RouterConfig
 from .metrics import RouterMetrics
+from .prompt import Prompt
 from .state import RouterState, StateUnavailable
 
 log = logging.getLogger("mimo.router")
@@ -49,11 +50,13 @@ class Pending:
 @dataclass(frozen=True)
 class Decision:
     url: str
-    predicted: int
+    predicted: int          # cached tokens the worker will report (every tier's hit)
     prompt_len: int
     how: str
     score: float = 0.0
     pending: Pending | None = None
+    credited: float = 0.0   # the score's: tokens weighted by the tier they come from
+    tiers: tuple[int, int, int] = (0, 0, 0)     # predicted tokens from L1, L2, L3
 
 
 class Router:
@@ -162,13 +165,13 @@ class Router:
             self.members.remove(url)
         self.healthy.pop(url, None)
 
-    async def route(self, ids: list[int] | None, exclude: frozenset[str] = frozenset()
+    async def route(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset()
                     ) -> Decision:
         """Decide and count the request in flight. This replica's own in-flight counts come
         from memory (exact), the others' from Redis; between the state read and the count
         nothing awaits, so requests arriving together see each other and spread instead of
         all reading the same state and piling onto one worker."""
-        d = await self.decide_ids(ids, exclude)
+        d = await self.decide_prompt(prompt, exclude)
         if d.pending is not None:         # seen by this replica's next decision at once
             until = time.monotonic() + PENDING_MS / 1000
             mine = self._pending.setdefault(d.pending.incarnation, ({}, {}, {}))
@@ -214,19 +217,21 @@ class Router:
                     self._count_redis_errors()
 
     # ---- decisions ----------------------------------------------------------------------
-    async def tokenize(self, kind: str, body) -> list[int] | None:
-        """The prompt's token ids, as the workers would build them (None: not known)."""
+    async def tokenize(self, kind: str, body) -> Prompt | None:
+        """The prompt as the workers would build and key it (None: not known)."""
         if self.prompts is None or self.cfg.policy != "cache-aware":
             return None
         # On the loop: a few milliseconds for long prompts, less than a thread hop costs
         # on a loaded machine.
-        return self.prompts.prompt_ids(kind, body)
+        return self.prompts.prompt(kind, body)
 
     async def decide(self, kind: str, body, exclude: frozenset[str] = frozenset()) -> Decision:
-        return await self.decide_ids(await self.tokenize(kind, body), exclude)
+        return await self.decide_prompt(await self.tokenize(kind, body), exclude)
 
-    async def decide_ids(self, ids: list[int] | None,
-                         exclude: frozenset[str] = frozenset()) -> Decision:
+    async def decide_prompt(self, prompt: Prompt | None,
+                            exclude: frozenset[str] = frozenset()) -> Decision:
+        ids = prompt.ids if prompt is not None else None
+        ns = prompt.namespace if prompt is not None else None
         live = [w for w in self.members if self.healthy.get(w) and w not in exclude]
         if not live:
             raise NoWorker("no healthy worker")
@@ -235,10 +240,13 @@ class Router:
             self.metrics.decisions.labels("round-robin").inc()
             return Decision(live[next(self._rr) % len(live)], 0, n, "round-robin")
         head = ids[:self.cfg.fallback_pages * HASH_PAGE] if ids else []
-        tie = hashlib.blake2b(array("q", head).tobytes(), digest_size=16).digest()
+        # The namespace too: prompts with different images share their text's ids.
+        tie = hashlib.blake2b(array("q", head).tobytes()
+                              + (repr(ns).encode() if ns is not None else b""),
+                              digest_size=16).digest()
         if self.state is not None:
             try:
-                keys_for = self._keys_for(ids or [])
+                keys_for = self._keys_for(ids or [], ns)
                 return self._score(ids or [], live, tie,
                                    *await self.state.read(live, keys_for), keys_for)
             except StateUnavailable:
@@ -247,39 +255,42 @@ class Router:
         return Decision(policy.fallback(tie, live, self.inflight), 0, n, "fallback")
 
     @staticmethod
-    def _keys_for(ids: list[int]):
+    def _keys_for(ids: list[int], namespace=None):
         cache: dict = {}
 
         def keys(fp: bytes, page: int) -> list[bytes]:
             if (fp, page) not in cache:
                 n = policy.prompt_pages(len(ids), page)
-                cache[(fp, page)] = KeyChain(fp, page).page_keys(ids[:n * page]) if n else []
+                cache[(fp, page)] = (KeyChain(fp, page).page_keys(ids[:n * page], namespace)
+                                     if n else [])
             return cache[(fp, page)]
         return keys
+
+    def _predict(self, hb, held, full, swa) -> policy.Prediction:
+        return policy.tiered(full, swa if hb.mode == "hybrid" else None, hb.window,
+                             hb.page_size, hb.rebuild, held.l2, held.l3, self.cfg.l2_credit,
+                             self.cfg.l3_credit)
 
     def _score(self, ids, live, tie, snap, pages, keys_for) -> Decision:
         cands, expect = [], {}
         for w in live:
             hb = snap.heartbeats.get(w)
-            pred = 0
+            credit = 0.0
             if hb is not None and w in pages:
-                full_ok, swa_ok, full_p, swa_p, cont = pages[w]
+                h = pages[w]
+                full_p, swa_p, cont = h.full_p, h.swa_p, h.cont
                 mine = self._pending.get(hb.incarnation)
                 if mine is not None:
                     keys, now = keys_for(hb.fingerprint, hb.page_size), time.monotonic()
                     full_p = [a or mine[0].get(k, 0) > now for a, k in zip(full_p, keys)]
                     swa_p = [a or mine[1].get(k, 0) > now for a, k in zip(swa_p, keys)]
                     cont = cont or any(mine[2].get(k, 0) > now for k in keys)
-                hyb = hb.mode == "hybrid"
-                pred = policy.predicted_tokens(full_ok, swa_ok if hyb else None,
-                                               hb.window, hb.page_size, hb.rebuild)
-                expect[w] = policy.predicted_tokens(full_p, swa_p if hyb else None,
-                                                    hb.window, hb.page_size, hb.rebuild)
-                if cont:        # it continues a request in flight there: follow it
-                    pred = expect[w]
+                expect[w] = self._predict(hb, h, full_p, swa_p)
+                # it continues a request in flight there: follow it
+                credit = expect[w].credit if cont else self._predict(hb, h, h.full, h.swa).credit
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
             flight = snap.inflight.get(w, 0) + self.inflight.get(w, 0)
-            cands.append(policy.Candidate(w, pred, flight + queued))
+            cands.append(policy.Candidate(w, credit, flight + queued))
         # The score credits what workers hold, and what requests in flight will leave only
         # for a request that continues one of them (a next turn sent before the last one
         # ended): a prefix they merely share (a system prompt's first wave) must not pull
@@ -294,7 +305,7 @@ class Router:
         if hb is not None and hb.mode != "off" and ids:
             keys = keys_for(hb.fingerprint, hb.page_size)
             if keys:
-                full_ok = pages[c.url][0] if c.url in pages else []
+                full_ok = pages[c.url].full if c.url in pages else []
                 m = next((i for i, ok in enumerate(full_ok) if not ok), len(full_ok))
                 swa = set()
                 if hb.mode == "hybrid":
@@ -302,5 +313,9 @@ class Router:
                         swa.update(window_pages(end * hb.page_size, hb.window, hb.page_size))
                 pending = Pending(hb.incarnation, keys, [keys[i] for i in sorted(swa)
                                                          if i < len(keys)], keys[-1])
-        return Decision(c.url, expect.get(c.url, c.predicted), len(ids), "score", c.score,
-                        pending)
+        e = expect.get(c.url)
+        if e is None:
+            return Decision(c.url, 0, len(ids), "score", c.score, pending)
+        return Decision(c.url, e.tokens, len(ids), "score", c.score, pending, c.predicted,
+                        (e.tokens - (e.l2_pages + e.l3_pages) * hb.page_size,
+                         e.l2_pages * hb.page_size, e.l3_pages * hb.page_size))

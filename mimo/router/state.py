@@ -2,8 +2,10 @@
 
 What one decision reads, in two round trips: the workers' heartbeats and the live routers
 (one hash slot), then every live router's in-flight counts and, per worker, which of the
-prompt's page keys its current incarnation holds (full KV, live SWA). Every replica reads the
-same keys, so replicas on one Redis decide alike; nothing that matters lives in a router.
+prompt's page keys its current incarnation holds (full KV, live SWA; the same in its host
+tier when it has one) and which the shared store it loads from holds (once per store). Every
+replica reads the same keys, so replicas on one Redis decide alike; nothing that matters
+lives in a router.
 
 In-flight requests: each router keeps its own counts (authoritative) and mirrors them in a
 hash with a TTL, so a router that dies stops counting after the TTL. Per request it sends an
@@ -42,6 +44,8 @@ class Heartbeat:
     waiting: int = 0
     running: int = 0
     rebuild: int = 0
+    host: bool = False          # it has a host tier (L2) and publishes its page sets
+    store: str = ""             # the shared store (L3) it loads from (storage_id), or none
 
     @classmethod
     def parse(cls, raw: bytes) -> Heartbeat:
@@ -49,7 +53,23 @@ class Heartbeat:
         return cls(d["incarnation"], bytes.fromhex(d["fingerprint"]), int(d["page_size"]),
                    int(d["window"]), d["mode"], int(d.get("uncached_tokens", 0)),
                    int(d.get("waiting", 0)), int(d.get("running", 0)),
-                   int(d.get("rebuild", 0)))
+                   int(d.get("rebuild", 0)), bool(d.get("host", False)),
+                   str(d.get("store", "")))
+
+
+@dataclass
+class Held:
+    """Which of a prompt's page keys one worker can serve, page by page: its tree's (full KV
+    held, SWA live), the same with the pages requests in flight there will leave, whether the
+    prompt continues one of those, and its host tier's and shared store's (None: no such
+    tier)."""
+    full: list[bool]
+    swa: list[bool]
+    full_p: list[bool]
+    swa_p: list[bool]
+    cont: bool
+    l2: tuple[list[bool], list[bool]] | None = None
+    l3: tuple[list[bool], list[bool]] | None = None
 
 
 @dataclass
@@ -92,10 +112,9 @@ class RouterState:
         await self._run("members", self.client.srem(ce.WORKERS, url))
 
     # ---- one decision ------------------------------------------------------------------
-    async def read(self, workers: list[str], keys_by_fp) -> tuple[Snapshot, dict]:
-        """(heartbeats and in-flight counts, {worker: (full_ok, swa_ok, both with the pages
-        of requests in flight there, whether the prompt continues one of those)}).
-        `keys_by_fp`: fingerprint -> the prompt's page keys under it."""
+    async def read(self, workers: list[str], keys_by_fp) -> tuple[Snapshot, dict[str, Held]]:
+        """(heartbeats and in-flight counts, {worker: what it can serve of the prompt}).
+        `keys_by_fp(fingerprint, page_size)`: the prompt's page keys under them."""
         return await self._run("read", self._read(workers, keys_by_fp))
 
     async def _read(self, workers, keys_by_fp):
@@ -113,27 +132,50 @@ class RouterState:
         pipe = c.pipeline(transaction=False)
         for r in routers:
             pipe.hgetall(ce.inflight_key(r))
-        asks = []
+        asks: list[tuple[str, str]] = []      # (what, whose): in the pipeline's order
+        stores: set[str] = set()
         for w, hb in snap.heartbeats.items():
             keys = keys_by_fp(hb.fingerprint, hb.page_size)
-            if keys and hb.mode != "off":
-                asks.append(w)
-                for kind in (FULL, SWA):
+            if not keys or hb.mode == "off":
+                continue
+            asks.append(("l1", w))
+            for kind in (FULL, SWA):
+                pipe.smismember(ce.pages_key(hb.incarnation, kind), keys)
+                pipe.zmscore(ce.pending_key(hb.incarnation, kind), keys)
+            pipe.zmscore(ce.pending_key(hb.incarnation, END), keys)
+            if hb.host:
+                asks.append(("l2", w))
+                for kind in (ce.L2_FULL, ce.L2_SWA):
                     pipe.smismember(ce.pages_key(hb.incarnation, kind), keys)
-                    pipe.zmscore(ce.pending_key(hb.incarnation, kind), keys)
-                pipe.zmscore(ce.pending_key(hb.incarnation, END), keys)
+            if hb.store and hb.store not in stores:     # a store's id names its keys too
+                stores.add(hb.store)
+                asks.append(("l3", hb.store))
+                for kind in (FULL, SWA):
+                    pipe.smismember(ce.l3_key(hb.store, kind), keys)
         res = await pipe.execute() if routers or asks else []
         for counts in res[:len(routers)]:
             for w, n in counts.items():
                 snap.inflight[w.decode()] = snap.inflight.get(w.decode(), 0) + int(n)
-        pages = {}
-        rest = res[len(routers):]
-        for j, w in enumerate(asks):
-            f, pf, s, ps, pe = rest[5 * j:5 * j + 5]
-            pages[w] = ([bool(a) for a in f], [bool(a) for a in s],
-                        [bool(a) or (b is not None and b > now) for a, b in zip(f, pf)],
-                        [bool(a) or (b is not None and b > now) for a, b in zip(s, ps)],
-                        any(b is not None and b > now for b in pe))
+        pages: dict[str, Held] = {}
+        l2: dict[str, tuple[list[bool], list[bool]]] = {}
+        l3: dict[str, tuple[list[bool], list[bool]]] = {}
+        j = len(routers)
+        for what, who in asks:
+            if what == "l1":
+                f, pf, s, ps, pe = res[j:j + 5]
+                j += 5
+                pages[who] = Held(
+                    [bool(a) for a in f], [bool(a) for a in s],
+                    [bool(a) or (b is not None and b > now) for a, b in zip(f, pf)],
+                    [bool(a) or (b is not None and b > now) for a, b in zip(s, ps)],
+                    any(b is not None and b > now for b in pe))
+            else:
+                f, s = res[j:j + 2]
+                j += 2
+                (l2 if what == "l2" else l3)[who] = ([bool(a) for a in f], [bool(a) for a in s])
+        for w, held in pages.items():
+            held.l2 = l2.get(w)
+            held.l3 = l3.get(snap.heartbeats[w].store)
         return snap, pages
 
     async def mark_pending(self, incarnation: str, full: list[bytes], swa: list[bytes],
