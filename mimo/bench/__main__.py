@@ -25,6 +25,7 @@ COMMANDS = [
     ".soak",             # soak: mixed requests, disconnects, timeouts on one server; nothing stuck or leaked
     ".structured",       # structured: decode tokens/s with a JSON-schema grammar vs without
     ".route",            # route: cache-aware router vs round-robin on 4 workers (issue 17)
+    ".peers",            # peers: mimo vs vLLM CPU vs llama-server, as machine-limit fractions (issue 18)
 ]
 
 

@@ -1,0 +1,94 @@
+"""The machine's own limits, measured in the run that compares servers against them:
+
+- matmul rate: a bf16 `torch.nn.functional.linear` of prefill shape ([tokens, hidden] by
+  [out, hidden]; default [3000, 640] x [2048, 640], Gemma 3 270M's MLP up projection over a
+  3,000-token prompt), FLOP/s = 2 x tokens x hidden x out / seconds;
+- memory read bandwidth: a float32 sum over a buffer much larger than any cache (1 GiB), and a
+  bf16 matrix-vector product over one (what a decode step does to its weights); the faster of
+  the two, bytes / seconds.
+
+Buffers are filled before timing (torch.empty's untouched pages would read the shared zero
+page, far faster than memory). Each figure is the best of `reps` timed calls after one
+warm-up call, on `threads` threads (set on torch for the measurement).
+
+    python -m mimo.bench.machine_limits [--threads 2] [--quick]    # one JSON line
+
+The peers bench runs this in a subprocess before starting any server, so its own process
+holds no torch threads while servers run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+
+def _best(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def matmul_rate(tokens: int, hidden: int, out: int, reps: int) -> float:
+    """FLOP/s of a bf16 linear [tokens, hidden] x [out, hidden]^T."""
+    import torch
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
+    w = torch.randn(out, hidden, generator=g).to(torch.bfloat16)
+    s = _best(lambda: F.linear(x, w), reps)
+    return 2.0 * tokens * hidden * out / s
+
+
+def read_bandwidth(nbytes: int, reps: int) -> dict[str, float]:
+    """Bytes/s of reading `nbytes`: a float32 sum, and a bf16 matrix-vector product."""
+    import torch
+    import torch.nn.functional as F
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)
+    out = {"sum_float32": buf.numel() * 4 / _best(buf.sum, reps)}
+    del buf                          # the matrix below takes its place, not beside it
+    cols = 4096
+    w = torch.ones(nbytes // 2 // cols, cols, dtype=torch.bfloat16)
+    v = torch.ones(1, cols, dtype=torch.bfloat16)
+    out["gemv_bfloat16"] = w.numel() * 2 / _best(lambda: F.linear(v, w), reps)
+    return out
+
+
+def measure(threads: int, quick: bool = False, reps: int = 5,
+            matmul_shape: tuple[int, int, int] = (3000, 640, 2048)) -> dict:
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        shape = (512, 640, 2048) if quick else matmul_shape
+        nbytes = (128 if quick else 1024) * 2**20
+        rate = matmul_rate(*shape, reps=reps)
+        reads = read_bandwidth(nbytes, reps)
+    finally:
+        torch.set_num_threads(before)
+    method = max(reads, key=reads.get)
+    return {"threads": threads, "matmul_shape": list(shape), "matmul_dtype": "bfloat16",
+            "matmul_gflops": round(rate / 1e9, 1), "read_bytes": nbytes,
+            "bandwidth_gbs": round(reads[method] / 1e9, 2), "bandwidth_method": method,
+            "bandwidth_gbs_by_method": {k: round(v / 1e9, 2) for k, v in reads.items()},
+            "reps": reps}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m mimo.bench.machine_limits",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true", help="small sizes (smoke run; caches help)")
+    p.add_argument("--reps", type=int, default=5)
+    a = p.parse_args(argv)
+    print(json.dumps(measure(a.threads, a.quick, a.reps)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,221 @@
+"""peers bench: prompt lengths against the real Gemma 3 tokenizer, the cost model against
+torch's FLOP counter on transformers' models and the checkpoints' own tensors, the row
+comparison, the leak check on a real process tree, and one small real run of mimo alone (a
+tiny Gemma 3 served by server.py) inside the loopback-only namespace when this machine has
+it."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf, tiny_mimo_v2_flash_hf
+
+from mimo.bench.model_cost import Limits, ModelCost
+from mimo.bench.peer_load import QUICK, Workload, check_loopback, prompt_of, shared_pair
+from mimo.bench.peer_report import ROWS, compare, summary
+from mimo.bench.peer_servers import RunningServer, ServerSpec, peer_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def gemma_tokenizer():
+    from mimo.models.gguf_loader import open_gguf
+    from mimo.models.registry import resolve
+    from mimo.models.tokenizer import Tokenizer
+    f = open_gguf(resolve("gemma-3-270m"))
+    try:
+        return Tokenizer.from_gguf(f.metadata)
+    finally:
+        f.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_prompts_have_exact_gemma_lengths(gemma_tokenizer, seed):
+    rng = random.Random(seed)
+    for w in (Workload(), QUICK):
+        for n in (3, 16, w.prompt_tokens, w.long_tokens):
+            ids = gemma_tokenizer.encode(prompt_of(rng, n))
+            assert len(ids) == n and ids[0] == gemma_tokenizer.bos_token_id
+        a, b = (gemma_tokenizer.encode(p) for p in shared_pair(rng, w.long_tokens, w.shared_prefix))
+        assert len(a) == len(b) == w.long_tokens
+        first_diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        assert first_diff >= w.shared_prefix
+        assert first_diff < w.shared_prefix + 5        # differ right after (a repeat is 1/600)
+
+
+def test_only_loopback_urls():
+    for ok in ("http://127.0.0.1:8000/v1", "http://localhost:1/v1", "http://[::1]:8/v1",
+               "http://127.5.0.1/v1"):
+        check_loopback(ok)
+    for bad in ("http://10.0.0.1:8000/v1", "http://example.com/v1", "http://0.0.0.0:80/v1"):
+        with pytest.raises(ValueError):
+            check_loopback(bad)
+
+
+def _counted_flops(model, n: int) -> int:
+    from torch.utils.flop_counter import FlopCounterMode
+    ids = torch.randint(3, 200, (1, n), generator=torch.Generator().manual_seed(n))
+    with torch.no_grad(), FlopCounterMode(display=False) as fc:
+        model(ids, logits_to_keep=1)
+    return fc.get_total_flops()
+
+
+@pytest.mark.parametrize("make", [tiny_gemma3_hf, tiny_mimo_v2_flash_hf])
+def test_flops_match_torch_flop_counter_on_transformers(make):
+    """One token: every matmul counted, exactly. Five tokens: transformers' eager attention
+    multiplies the whole masked n x n matrices, the cost model only the causal keys (both
+    windows exceed 5); nothing else differs. MoE experts: the eager implementation, since
+    the counter does not see torch._grouped_mm."""
+    model = make()
+    if hasattr(model, "set_experts_implementation") and "mimo" in make.__name__:
+        model.set_experts_implementation("eager")
+    cost = ModelCost(loaded_from_hf(model).config)
+    assert _counted_flops(model, 1) == cost.decode_flops(0) == cost.prefill_flops(0, 1)
+    cfg, n = cost.cfg, 5
+    per_key = sum(2 * cfg.num_heads * (cfg.kv_shape(t)[1] + cfg.kv_shape(t)[2])
+                  for t in cfg.layer_types)
+    causal = n * (n + 1) // 2
+    assert _counted_flops(model, n) - per_key * n * n == cost.prefill_flops(0, n) - per_key * causal
+
+
+@pytest.mark.parametrize("make", [tiny_gemma3_hf, tiny_mimo_v2_flash_hf])
+def test_touched_params_match_the_weights(make):
+    """One token reads the dense weights, the LM head and top-k experts; a long prompt reads
+    every matmul weight (norms, sinks and router biases left out)."""
+    loaded = loaded_from_hf(make())
+    cfg, w = loaded.config, loaded.weights
+    cost = ModelCost(cfg)
+    skip = ("norm", "sinks", "e_score_correction_bias")
+    mats = {k: v.numel() for k, v in w.items() if not any(s in k for s in skip)}
+    head = mats.pop("lm_head.weight", None) or mats["model.embed_tokens.weight"]
+    mats.pop("model.embed_tokens.weight")
+    experts = sum(v for k, v in mats.items() if ".experts." in k)
+    dense = sum(mats.values()) - experts
+    assert cost.lm_head_params() == head
+    assert cost.touched_params(10**9) == pytest.approx(dense + experts + head, rel=1e-9)
+    sparse = sum(t == "sparse" for t in cfg.mlp_types)
+    one = dense + head + sparse * cfg.num_experts_per_tok * cost.expert_params()
+    assert cost.touched_params(1) == pytest.approx(one, rel=1e-9)
+    assert cost.active_params() + cost.lm_head_params() == pytest.approx(one, rel=1e-9)
+
+
+def test_roofline_picks_the_binding_limit():
+    cost = ModelCost(loaded_from_hf(tiny_gemma3_hf()).config)
+    slow_memory, slow_compute = Limits(1e3, 1e15), Limits(1e15, 1e3)
+    t = cost.decode_step_time([10], slow_memory)
+    assert t["bound_s"] == t["memory_s"] > t["compute_s"]
+    t = cost.prefill_time(0, 64, slow_compute)
+    assert t["bound_s"] == t["compute_s"] > t["memory_s"]
+    # a cached prefix leaves less to compute
+    assert cost.prefill_flops(48, 64) < cost.prefill_flops(0, 64)
+
+
+def test_compare_rates_and_times():
+    r = compare({"mimo": 90.0, "vllm": 50.0, "llama-server": 100.0}, higher=True)
+    assert r["best_peer"] == "llama-server" and r["mimo_over_best"] == 0.9
+    assert r["mimo_matches_or_beats"] is False
+    r = compare({"mimo": 0.5, "vllm": 1.0, "llama-server": None}, higher=False)
+    assert r["best_peer"] == "vllm" and r["mimo_speedup_vs_best"] == 2.0
+    assert r["mimo_matches_or_beats"] is True
+    assert compare({"mimo": 1.0}, higher=True)["best_peer"] is None
+    rows = {r.key: compare({"mimo": 1.0, "vllm": 1.0}, r.higher_is_better) for r in ROWS}
+    s = summary(rows)
+    assert s["rows_compared"] == len(ROWS) and s["mimo_matches_or_beats_every_row"] is True
+    assert s["rows_mimo_ahead"] == 0
+
+
+def test_missing_peer_names_the_paths(tmp_path):
+    spec = peer_spec("llama-server", tmp_path, 8090)
+    assert str(tmp_path / "llama.cpp-build" / "bin" / "llama-server") in spec.missing()
+    (tmp_path / "start-llama-server.sh").write_text("")
+    assert str(tmp_path / "start-llama-server.sh") not in spec.missing()
+    with pytest.raises(ValueError):
+        peer_spec("sglang", tmp_path, 8090)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stop_kills_the_group_and_finds_an_escaped_process(tmp_path):
+    """A server that ignores SIGTERM, a child in its group, and a grandchild that left the
+    group (setsid): the group is killed, the escapee reported as leaked and killed."""
+    pidfile = tmp_path / "escaped"
+    script = (f"trap '' TERM; setsid sleep 300 & echo $! > {pidfile}; sleep 300 & "
+              "while :; do sleep 1; done")
+    srv = RunningServer(ServerSpec("stubborn", ("bash", "-c", script)), tmp_path / "log")
+    for _ in range(100):
+        if pidfile.exists() and pidfile.read_text().strip():
+            break
+        time.sleep(0.05)
+    escaped = int(pidfile.read_text())
+    for _ in range(100):                   # $! is known before the child has run setsid
+        if os.getpgid(escaped) != srv.pgid:
+            break
+        time.sleep(0.05)
+    assert os.getpgid(escaped) != srv.pgid
+    res = srv.stop(grace=1.0, settle=1.0)
+    assert res["forced"] is True and res["leaked_pids"] == [escaped]
+    assert res["exit_code"] == -signal.SIGKILL
+    for _ in range(50):
+        if not _alive(escaped):
+            break
+        time.sleep(0.05)
+    assert not _alive(escaped)
+    with pytest.raises(ProcessLookupError):
+        os.killpg(srv.pgid, 0)
+
+
+def test_mimo_alone_quick_run(tmp_path):
+    """The whole bench with a tiny Gemma 3 on mimo alone, peers looked for where there are
+    none: the JSON line's shape, and nothing left running."""
+    from mimo.models import make_tiny
+    model = make_tiny.write("gemma3", tmp_path / "tiny", seed=0)
+    netns = "peers" if os.path.exists("/run/netns/peers") and os.geteuid() == 0 else "none"
+    plot = tmp_path / "peers.png"
+    cmd = ["nice", "-n", "19", sys.executable, "-m", "mimo.bench", "peers", "--quick",
+           "--netns", netns, "--peers", "vllm,llama-server", "--peers-dir", str(tmp_path / "no"),
+           "--model", str(model), "--port", "8097", "--prompt-tokens", "24", "--max-tokens", "6",
+           "--concurrency", "3", "--long-tokens", "100", "--shared-prefix", "60",
+           "--mimo-args", "--threads 1", "--plot", str(plot), "--seed", "3"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["ok"] is True and res["netns"] == netns and res["seed"] == 3
+    for peer in ("vllm", "llama-server"):
+        s = res["servers"][peer]
+        assert s["status"] == "not installed" and s["looked_for"]
+        assert all(x.startswith(str(tmp_path / "no")) for x in s["looked_for"])
+    m = res["servers"]["mimo"]
+    assert m["status"] == "ok" and m["errors"] == [] and m["startup_s"] > 0
+    assert m["stop"]["leaked_pids"] == [] and m["port_free_after_stop"] is True
+    assert res["mimo_args"] == ["--model", str(model), "--threads", "1"]
+    assert res["machine"]["matmul_gflops"] > 0 and res["machine"]["bandwidth_gbs"] > 0
+    assert set(res["rows"]) == {r.key for r in ROWS}
+    for key, row in res["rows"].items():
+        assert row["values"]["mimo"] > 0, key
+        f = row["fraction_of_limit"]["mimo"]
+        assert 0 < f["roofline"] == max(f["memory"], f["compute"]), key
+        assert row["best_peer"] is None and row["mimo_matches_or_beats"] is None
+    assert res["rows"]["repeat_ttft_s"]["cached_tokens"]["mimo"] > 0
+    load = m["load"]
+    assert load["b_concurrent"]["streams"] == 3 and load["b_concurrent"]["min_output_tokens"] == 6
+    assert res["summary"]["rows_compared"] == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Independently of the bench's own check: no process serves the tiny model any more.
+    left = subprocess.run(["pgrep", "-f", str(model)], capture_output=True, text=True).stdout
+    assert left.strip() == ""
