@@ -83,9 +83,9 @@ class CachePublisher:
         self.tiers = (ce.TierMirror(host, storage)
                       if host is not None or storage is not None else None)
         self.has_host = host is not None
-        url = getattr(getattr(engine.cache, "cfg", None), "kv_storage", None)
-        self.store = (ce.storage_id(self.keys.fingerprint, url)
-                      if storage is not None and url else "")
+        store_url = getattr(getattr(engine.cache, "cfg", None), "kv_storage", None)
+        self.store = (ce.storage_id(self.keys.fingerprint, store_url)
+                      if storage is not None and store_url else "")
         self.errors = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
