@@ -7,8 +7,11 @@ Workloads: `shared` (sessions x turns sharing one system prompt), `distinct` (ea
 its own), `trace` (the Mooncake conversation trace's first multi-turn conversations, lengths
 scaled by --block-tokens / 512, arrivals spread over --trace-duration, token-id prompts
 through /v1/completions).
-Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity) and mimo
-(cache-aware). Third-party routers are not run here (see README).
+Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity), mimo
+(cache-aware), and, when installed (--sglang-router / --vllm-router, or on PATH),
+sglang-router and vllm-router in cache_aware mode; with those the whole bench runs inside a
+loopback-only network namespace (route_netns.py), and a router not installed or not runnable
+is listed as such under "third_party".
 
 Reported per workload and router: the cached-token fraction (cached / prompt tokens from the
 workers' usage), the share of turns on the previous turn's worker, max/mean requests per
@@ -23,7 +26,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from . import add_trace_arg
+from . import add_trace_arg, route_netns
 from .route_load import conversations, log, run_sessions, run_trace, sessions
 from .router_process import RouterProcess, WorkerProcess, start_all
 
@@ -42,7 +45,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=2,
                    help="rounds per workload, the routers alternating; figures are medians")
     p.add_argument("--workloads", default=",".join(WORKLOADS))
-    p.add_argument("--routers", default="round-robin,mimo")
+    p.add_argument("--routers", default="round-robin,mimo,sglang,vllm",
+                   help="routers compared (sglang and vllm: when installed)")
+    p.add_argument("--sglang-router", default=None, metavar="PATH",
+                   help="sglang-router's executable (default: on PATH)")
+    p.add_argument("--vllm-router", default=None, metavar="PATH",
+                   help="vllm-router's executable (default: on PATH)")
+    p.add_argument("--netns", default="mimo-route", metavar="NAME",
+                   help="the loopback-only network namespace the bench runs in when a "
+                        "third-party router runs (made if absent; needs root)")
     p.add_argument("--sessions", type=int, default=20)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-words", type=int, default=120)
@@ -83,18 +94,31 @@ def _pct(xs, q):
     return round(xs[min(len(xs) - 1, max(0, -(-len(xs) * q // 100) - 1))], 4)
 
 
-def summarize(recs: list[dict], workers: list[str] | None) -> dict:
+def summarize(recs: list[dict], workers: list[str] | None,
+              counts: dict[str, float] | None = None) -> dict:
+    """`counts`: requests per worker as the workers counted them (else from the records'
+    worker header)."""
     ok = [r for r in recs if "error" not in r]
     prompt = sum(r["prompt"] for r in ok)
     out = {"requests": len(recs), "errors": len(recs) - len(ok),
            "cached_fraction": round(sum(r["cached"] for r in ok) / max(prompt, 1), 4),
            "ttft_p50": _pct([r["ttft"] for r in ok], 50),
            "ttft_p90": _pct([r["ttft"] for r in ok], 90)}
+    if workers and counts is None and ok and all(r.get("worker") is None for r in ok):
+        return out      # no router said where a request went, and no worker counted
     if workers:
-        counts = {w: 0 for w in workers}
-        for r in ok:
-            counts[r["worker"]] = counts.get(r["worker"], 0) + 1
-        out["max_over_mean"] = round(max(counts.values()) * len(counts) / max(len(ok), 1), 3)
+        if counts is None:
+            counts = {w: 0 for w in workers}
+            for r in ok:
+                counts[r["worker"]] = counts.get(r["worker"], 0) + 1
+        out["max_over_mean"] = round(max(counts.values()) * len(counts) /
+                                     max(sum(counts.values()), 1), 3)
+        if any(r.get("worker") is None for r in ok):
+            # The router does not say which worker answered (third-party ones): the counts
+            # are the workers' own, the turn-to-turn share is not observable.
+            out["same_worker_share"] = None
+            out["requests_per_worker"] = sorted(counts.values(), reverse=True)
+            return out
         by_key = {(r.get("session"), r.get("turn")): r for r in ok}
         pairs = []
         for r in ok:
@@ -140,7 +164,11 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
     try:
         ws = start_all(lambda i, wait: WorkerProcess(flags, wait=wait, nice=args.worker_nice), n)
         url = ws[0].url
-        if router is not None:
+        if router in args.third_party_exe:
+            rt = route_netns.start_router(router, args.third_party_exe[router],
+                                          [w.url for w in ws])
+            url = rt.url
+        elif router is not None:
             rflags = ["--model", model, "--redis", redis.url, "--health-interval", "0.5",
                       "--policy", "round-robin" if router == "round-robin" else "cache-aware"]
             for w in ws:
@@ -153,7 +181,9 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
         if args.records:
             with open(args.records, "a") as f:
                 f.write(json.dumps({"router": router, "records": recs}) + "\n")
-        res = summarize(recs, [w.url for w in ws] if router is not None else None)
+        counts = ({w.url: worker_requests(w.url) for w in ws}
+                  if router in args.third_party_exe else None)
+        res = summarize(recs, [w.url for w in ws] if router is not None else None, counts)
         if res["errors"]:
             for w in ws:
                 log(f"worker {w.url} log tail:\n{w.log_tail(2000)}")
@@ -174,7 +204,19 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
             redis.stop()
 
 
+def worker_requests(url: str) -> float:
+    """Generation requests a mimo worker finished (its /metrics: --metrics-public)."""
+    import httpx
+    n = 0.0
+    for line in httpx.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("mimo_requests_total{"):
+            n += float(line.rsplit(" ", 1)[1])
+    return n
+
+
 def measure(args) -> dict:
+    if not hasattr(args, "third_party_exe"):
+        args.third_party_exe = {}
     tmp = None
     model = args.model
     if model == "tiny":
@@ -182,7 +224,8 @@ def measure(args) -> dict:
         tmp = tempfile.mkdtemp(prefix="mimo-route-tiny-")
         gemma3.write(Path(tmp), seed=3)
         model = tmp
-    routers = [r for r in args.routers.split(",") if r]
+    routers = [r for r in args.routers.split(",")
+               if r and (r not in route_netns.THIRD_PARTY or r in args.third_party_exe)]
     out: dict = {"model": args.model, "workers": args.workers, "results": {}}
     for wl in [w for w in args.workloads.split(",") if w]:
         if wl not in WORKLOADS:
@@ -195,7 +238,13 @@ def measure(args) -> dict:
             # round), so a machine shared with other jobs loads them alike.
             order = ["one_worker"] + (routers if rep % 2 == 0 else routers[::-1])
             for r in order:
-                runs[r].append(_one_run(args, model, work, None if r == "one_worker" else r))
+                try:
+                    runs[r].append(_one_run(args, model, work,
+                                            None if r == "one_worker" else r))
+                except Exception as e:  # noqa: BLE001 - a third-party router that fails
+                    if r not in route_netns.THIRD_PARTY:
+                        raise
+                    runs[r].append({"failed": f"{type(e).__name__}: {e}"[:600]})
                 log(f"{wl}: {r} (round {rep + 1}): {json.dumps(runs[r][-1])}")
             if "mimo" in runs and "round-robin" in runs and runs["round-robin"][-1]["ttft_p90"]:
                 pairs.append(runs["mimo"][-1]["ttft_p90"] / runs["round-robin"][-1]["ttft_p90"])
@@ -233,12 +282,16 @@ def targets(results: dict) -> dict:
                 statistics.median(res["ttft_p90_ratio_per_round"]), 4)
         elif rr and rr.get("ttft_p90"):
             t[f"{wl}_ttft_p90_vs_round_robin"] = round(m["ttft_p90"] / rr["ttft_p90"], 4)
+        sg = res.get("sglang")
+        if sg and sg.get("cached_fraction"):
+            t[f"{wl}_cached_vs_sglang"] = round(m["cached_fraction"] / sg["cached_fraction"], 4)
         if wl == "shared":
             t["shared_max_over_mean"] = m["max_over_mean"]
         if m.get("predicted_over_actual") is not None:
             t[f"{wl}_predicted_over_actual"] = m["predicted_over_actual"]
     t["met"] = (all(v >= 0.95 for k, v in t.items() if k.endswith("_vs_one_worker"))
                 and all(v <= 0.7 for k, v in t.items() if k.endswith("_vs_round_robin"))
+                and all(v >= 1.0 for k, v in t.items() if k.endswith("_vs_sglang"))
                 and t.get("shared_max_over_mean", 0) <= 1.3
                 and all(abs(v - 1) <= 0.05 for k, v in t.items()
                         if k.endswith("_predicted_over_actual")))
@@ -268,7 +321,31 @@ def plot(res: dict, path: str) -> None:
 
 
 def run(args) -> int:
+    third: dict[str, dict] = {}
+    exe: dict[str, str] = {}
+    for r in [r for r in args.routers.split(",") if r in route_netns.THIRD_PARTY]:
+        path = route_netns.find(r, getattr(args, f"{r}_router"))
+        third[r] = {"status": "not installed"} if path is None else {"path": path}
+        if path is not None:
+            exe[r] = path
+    if exe and not route_netns.inside(args.netns):
+        why = route_netns.ensure(args.netns)
+        if why is None:
+            log(f"third-party routers {sorted(exe)}: running the bench in network "
+                f"namespace {args.netns!r}")
+            return route_netns.reexec(args.netns)
+        for r in exe:
+            third[r]["status"] = f"not run: {why}"
+        exe = {}
+    args.third_party_exe = exe
     res = measure(args)
+    for r in exe:
+        failed = [res["results"][wl][r]["failed"] for wl in res["results"]
+                  if "failed" in res["results"][wl].get(r, {})]
+        third[r]["status"] = f"failed: {failed[0]}" if failed else "run"
+    res["third_party"] = third
+    if route_netns.inside(args.netns):
+        res["netns"] = {"name": args.netns, "interfaces": route_netns.links()}
     if args.plot:
         plot(res, args.plot)
         log(f"plot: {args.plot}")

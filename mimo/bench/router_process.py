@@ -14,16 +14,17 @@ from .server_process import ROOT, ServerProcess, _die_with_parent, free_port
 
 class LoopbackProcess(ServerProcess):
     """`python ARGS --host 127.0.0.1 --port PORT *flags` (PORT: given, to restart a worker at
-    the same URL, or a free one), waited for until /health answers 200 (any answer when
-    `need_ok` is False)."""
+    the same URL, or a free one; `exe`: another program than this Python), waited for until
+    /health answers 200 (any answer when `need_ok` is False)."""
     def __init__(self, args: list[str], flags: list[str], start_timeout: float = 180.0,
                  port: int | None = None, need_ok: bool = True, wait: bool = True,
-                 nice: int = 0):
+                 nice: int = 0, exe: str | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.TemporaryFile("w+")
         self.args, self.start_timeout, self.need_ok = args, start_timeout, need_ok
-        cmd = [sys.executable, *args, "--host", "127.0.0.1", "--port", str(self.port), *flags]
+        cmd = [exe or sys.executable, *args, "--host", "127.0.0.1", "--port", str(self.port),
+               *flags]
         if nice:
             cmd = ["nice", "-n", str(nice), *cmd]
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -71,6 +72,13 @@ class RouterProcess(LoopbackProcess):
 
     def counters(self) -> dict[str, dict[str, float]]:
         return scrape(self.url)
+
+
+class ExternalRouter(LoopbackProcess):
+    """A third-party router's executable (bench/route_netns.py builds its flags)."""
+    def __init__(self, exe: str, args: list[str], flags: list[str],
+                 start_timeout: float = 120.0):
+        super().__init__(args, flags, start_timeout, exe=exe)
 
 
 class WorkerProcess(LoopbackProcess):
