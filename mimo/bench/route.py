@@ -73,6 +73,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="niceness of the worker processes: on a machine with fewer cores than "
                         "workers, the router and the clients (a deployment gives the router "
                         "its own core) are not starved by the workers' compute (0: off)")
+    p.add_argument("--start-timeout", type=float, default=180.0, metavar="SECONDS",
+                   help="longest a worker or router may take to answer /health at start")
     p.add_argument("--max-prompt", type=int, default=3500,
                    help="trace prompts are cut to this many tokens (the model's context)")
     p.add_argument("--records", default=None,
@@ -162,18 +164,19 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
         flags += ["--router-redis", redis.url, "--router-heartbeat", "0.25"]
     ws = rt = None
     try:
-        ws = start_all(lambda i, wait: WorkerProcess(flags, wait=wait, nice=args.worker_nice), n)
+        ws = start_all(lambda i, wait: WorkerProcess(flags, args.start_timeout, wait=wait,
+                                                     nice=args.worker_nice), n)
         url = ws[0].url
         if router in args.third_party_exe:
             rt = route_netns.start_router(router, args.third_party_exe[router],
-                                          [w.url for w in ws])
+                                          [w.url for w in ws], args.start_timeout)
             url = rt.url
         elif router is not None:
             rflags = ["--model", model, "--redis", redis.url, "--health-interval", "0.5",
                       "--policy", "round-robin" if router == "round-robin" else "cache-aware"]
             for w in ws:
                 rflags += ["--worker", w.url]
-            rt = RouterProcess(rflags)
+            rt = RouterProcess(rflags, args.start_timeout)
             url = rt.url
             import time
             time.sleep(1.0)         # the workers' first heartbeats are in

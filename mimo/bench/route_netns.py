@@ -76,7 +76,7 @@ def reexec(ns: str) -> int:
     return subprocess.call(cmd, env={**os.environ, ENV: ns})
 
 
-def start_router(name: str, exe: str, workers: list[str]):
+def start_router(name: str, exe: str, workers: list[str], start_timeout: float = 120.0):
     """The third-party router in cache_aware mode on a free 127.0.0.1 port, started and
     answering /health."""
     from .router_process import ExternalRouter
@@ -84,4 +84,4 @@ def start_router(name: str, exe: str, workers: list[str]):
     flags = ["--worker-urls", *workers, "--policy", "cache_aware",
              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
              "--health-check-interval-secs", "1"]
-    return ExternalRouter(exe, ["launch"] if name == "sglang" else [], flags)
+    return ExternalRouter(exe, ["launch"] if name == "sglang" else [], flags, start_timeout)
