@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-ENV = "MIMO_BENCH_NETNS"        # set in the re-executed bench: the namespace it runs in
+ENV = "MIMO_BENCH_NETNS"        # set in the re-executed bench (for its processes' logs)
 THIRD_PARTY = {"sglang": "sglang-router", "vllm": "vllm-router"}
 
 
@@ -35,7 +35,11 @@ def find(name: str, given: str | None) -> str | None:
 
 
 def inside(ns: str) -> bool:
-    return os.environ.get(ENV) == ns
+    """Whether this process runs in that namespace (the same network namespace inode)."""
+    try:
+        return os.stat("/proc/self/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+    except OSError:
+        return False
 
 
 def links() -> list[str]:
