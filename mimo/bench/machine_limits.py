@@ -3,9 +3,9 @@
 - matmul rate: a bf16 `torch.nn.functional.linear` of prefill shape ([tokens, hidden] by
   [out, hidden]; default [3000, 640] x [2048, 640], Gemma 3 270M's MLP up projection over a
   3,000-token prompt), FLOP/s = 2 x tokens x hidden x out / seconds;
-- memory read bandwidth: a float32 sum over a buffer much larger than any cache (1 GiB), and a
-  bf16 matrix-vector product over one (what a decode step does to its weights); the faster of
-  the two, bytes / seconds.
+- memory read bandwidth: a float32 sum and a plain int64 sum over a buffer much larger than
+  any cache (1 GiB), and a bf16 matrix-vector product over one (what a decode step does to
+  its weights); the fastest of the three, bytes / seconds.
 
 Buffers are filled before timing (torch.empty's untouched pages would read the shared zero
 page, far faster than memory). Each figure is the best of `reps` timed calls after one
@@ -46,12 +46,14 @@ def matmul_rate(tokens: int, hidden: int, out: int, reps: int) -> float:
 
 
 def read_bandwidth(nbytes: int, reps: int) -> dict[str, float]:
-    """Bytes/s of reading `nbytes`: a float32 sum, and a bf16 matrix-vector product."""
+    """Bytes/s of reading `nbytes`: float32 and int64 sums, a bf16 matrix-vector product."""
     import torch
     import torch.nn.functional as F
     buf = torch.ones(nbytes // 4, dtype=torch.float32)
-    out = {"sum_float32": buf.numel() * 4 / _best(buf.sum, reps)}
-    del buf                          # the matrix below takes its place, not beside it
+    words = buf.view(torch.int64)    # a plain integer sum (it wraps): no cascade summation
+    out = {"sum_float32": nbytes / _best(buf.sum, reps),
+           "sum_int64": nbytes / _best(words.sum, reps)}
+    del buf, words                   # the matrix below takes their place, not beside them
     cols = 4096
     w = torch.ones(nbytes // 2 // cols, cols, dtype=torch.bfloat16)
     v = torch.ones(1, cols, dtype=torch.bfloat16)

@@ -82,9 +82,9 @@ def fractions(value: float | None, bound: dict, higher: bool) -> dict | None:
     """How close a figure comes to each limit: rate x bound time, or bound time / time."""
     if not value:
         return None
-    f = (lambda s: value * s) if higher else (lambda s: s / value)
-    return {"memory": round(f(bound["memory_s"]), 4), "compute": round(f(bound["compute_s"]), 4),
-            "roofline": round(f(bound["bound_s"]), 4)}
+    f = (lambda s: float(f"{value * s:.3g}")) if higher else (lambda s: float(f"{s / value:.3g}"))
+    return {"memory": f(bound["memory_s"]), "compute": f(bound["compute_s"]),
+            "roofline": f(bound["bound_s"])}
 
 
 def table(loads: dict[str, dict], w: Workload, cost: ModelCost, lim: Limits) -> dict:

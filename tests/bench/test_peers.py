@@ -157,17 +157,19 @@ def test_stop_kills_the_group_and_finds_an_escaped_process(tmp_path):
     script = (f"trap '' TERM; setsid sleep 300 & echo $! > {pidfile}; sleep 300 & "
               "while :; do sleep 1; done")
     srv = RunningServer(ServerSpec("stubborn", ("bash", "-c", script)), tmp_path / "log")
-    for _ in range(100):
-        if pidfile.exists() and pidfile.read_text().strip():
-            break
-        time.sleep(0.05)
-    escaped = int(pidfile.read_text())
-    for _ in range(100):                   # $! is known before the child has run setsid
-        if os.getpgid(escaped) != srv.pgid:
-            break
-        time.sleep(0.05)
-    assert os.getpgid(escaped) != srv.pgid
-    res = srv.stop(grace=1.0, settle=1.0)
+    try:
+        for _ in range(100):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.05)
+        escaped = int(pidfile.read_text())
+        for _ in range(100):                   # $! is known before the child has run setsid
+            if os.getpgid(escaped) != srv.pgid:
+                break
+            time.sleep(0.05)
+        assert os.getpgid(escaped) != srv.pgid
+    finally:
+        res = srv.stop(grace=1.0, settle=1.0)
     assert res["forced"] is True and res["leaked_pids"] == [escaped]
     assert res["exit_code"] == -signal.SIGKILL
     for _ in range(50):
