@@ -7,6 +7,7 @@ option fails loudly instead of being silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -279,6 +280,15 @@ class RuntimeConfig:
     dtype: str = "bfloat16"      # activations and KV: 'float32' or 'bfloat16'
     quantize: str = "auto"       # decode weights: 'none' or 'int8' ('auto': int8 on CPU+bf16)
     num_threads: int | None = None
+    # torch.compile of the layers for prefill-sized steps: 'on', 'off', or 'auto' (on for
+    # bfloat16; float32 keeps eager numerics, the reference-exact path). The default comes
+    # from $MIMO_COMPILE when set (test.sh sets off: compile time per test process).
+    compile: str = field(default_factory=lambda: os.environ.get("MIMO_COMPILE", "auto"))
+    # How greedy decoding finds the argmax of the LM head (models/lm_head.py): 'exact' (the
+    # argmax of the int8 logits, proven by an error bound) or 'int4' (an int4 copy scores,
+    # its best 64 are rescored exactly: a third of the head's traffic for one row). 'auto':
+    # int4 when int8 weights are on.
+    greedy_head: str = "auto"
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -287,12 +297,27 @@ class RuntimeConfig:
             raise ConfigError(f"quantize must be auto, none or int8, not {self.quantize!r}")
         if self.quantize == "int8" and self.dtype != "bfloat16":
             raise ConfigError("quantize=int8 needs dtype=bfloat16 (the int8 kernel takes bf16)")
+        if self.greedy_head not in ("auto", "exact", "int4"):
+            raise ConfigError(f"greedy_head must be auto, exact or int4, not {self.greedy_head!r}")
+        if self.greedy_head == "int4" and not self.use_int8:
+            raise ConfigError("greedy_head=int4 screens the int8 head: it needs int8 weights "
+                              "(quantize auto on CPU bfloat16, or int8)")
+        if self.compile not in ("auto", "on", "off"):
+            raise ConfigError(f"compile must be auto, on or off, not {self.compile!r}")
 
     @property
     def use_int8(self) -> bool:
         if self.quantize == "auto":
             return self.dtype == "bfloat16" and self.device == "cpu"
         return self.quantize == "int8"
+
+    @property
+    def use_int4_head(self) -> bool:
+        return self.use_int8 and self.greedy_head != "exact"
+
+    @property
+    def use_compile(self) -> bool:
+        return self.dtype == "bfloat16" if self.compile == "auto" else self.compile == "on"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RuntimeConfig:

@@ -19,6 +19,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="activation and KV dtype (float32 reproduces reference numerics)")
     g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
                    help="int8 weight copies for small-batch matmuls (auto: on for CPU bfloat16)")
+    g.add_argument("--greedy-head", default="auto", choices=["auto", "exact", "int4"],
+                   help="greedy argmax of the LM head: exact (of the int8 logits, proven by "
+                        "an error bound) or int4 (an int4 copy scores, its best 64 are "
+                        "rescored exactly; auto: int4 when int8 weights are on)")
+    g.add_argument("--compile", default=None, choices=["auto", "on", "off"],
+                   help="torch.compile the layers for prefill-sized steps (auto: on for "
+                        "bfloat16; default: $MIMO_COMPILE, else auto)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
@@ -98,7 +105,8 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 
 
 def engine_opts(a: argparse.Namespace) -> dict:
-    return dict(dtype=a.dtype, quantize=a.quantize, kv_cache_memory=a.kv_cache_memory,
+    opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
+                kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,
                 window_rebuild=a.window_rebuild,
@@ -111,6 +119,9 @@ def engine_opts(a: argparse.Namespace) -> dict:
                 kv_disk_cap=a.kv_disk_cap, kv_storage_timeout=a.kv_storage_timeout,
                 kv_keepalive=a.kv_keepalive, kv_storage_write=a.kv_storage_write,
                 kv_write_queue=a.kv_write_queue)
+    if a.compile is not None:
+        opts["compile"] = a.compile
+    return opts
 
 
 def add_server_flags(p: argparse.ArgumentParser) -> None:

@@ -13,6 +13,7 @@ from ..kvcache.allocator import OutOfPages
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
 from ..models import registry
+from ..models.layers import INT8_MAX_ROWS
 from .parts import EngineParts
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
@@ -63,6 +64,11 @@ class LLMEngine:
         self.model = registry.build_model(mc, loaded.weights, dtype).to(rt.device).eval()
         if rt.use_int8:
             self.model.quantize_int8()
+            if rt.use_int4_head:
+                self.model.lm_head.screen_int4()
+        if rt.use_compile:
+            # Steps the int8 kernels serve (decode) stay eager; see DecoderLM.compile_layers.
+            self.model.compile_layers(above=INT8_MAX_ROWS if rt.use_int8 else 0)
         self.max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
         if self.max_model_len < 2:
             raise ConfigError("max_model_len must be >= 2")
@@ -89,7 +95,23 @@ class LLMEngine:
         self._default_gen = torch.Generator().manual_seed(config.seed)
         self.eos_ids = frozenset(mc.eos_token_ids) | frozenset(
             getattr(self.tokenizer, "eos_token_ids", ()) or ())
+        if rt.use_compile:
+            self._warm_up()
         self.load_seconds = time.perf_counter() - t0
+
+    def _warm_up(self) -> None:
+        """One forward of a dummy prompt on scratch pages, freed after and never cached:
+        compiling happens here, at start-up, not inside the first request's TTFT."""
+        n = min(64, self.config.scheduler.max_num_batched_tokens, self.max_model_len)
+        seq = Sequence(-1, [self.model_config.bos_token_id or 0] * n, SamplingParams(),
+                       frozenset())
+        seq.kv = self.pool.new_seq()
+        try:
+            self.pool.grow(seq.kv, n)
+            self.runner.execute([ScheduledChunk(seq, 0, n, sample=True)])
+        finally:
+            self.pool.free_seq(seq.kv)
+            seq.kv = None
 
     def _add_tiers(self, config: EngineConfig, loaded) -> None:
         """Put host memory and storage tiers under the L1 radix cache (kvcache/tiers/)."""

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+DECODE_KEY_BUCKET = 64     # decode key counts are padded to a multiple of this
+
 
 @dataclass
 class PrefillSpan:
@@ -69,7 +71,9 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
         batch.write_rows = torch.cat(wrows).to(device)
     if dec_rows:
         lens = [len(s) for s in dec_slots]
-        L = max(lens)
+        # Padded up to a bucket: on CPU, oneDNN builds a new bf16 matmul primitive for every
+        # new shape (about a millisecond), and the key count grows by one each step.
+        L = -(-max(lens) // DECODE_KEY_BUCKET) * DECODE_KEY_BUCKET
         if min(lens) == L:
             idx, mask = torch.stack(dec_slots), None
         else:

@@ -69,8 +69,17 @@ class Attention(nn.Module):
         v = qkv[:, nqk:].view(T, self.hkv, self.dv)
         if self.v_scale != 1.0:
             v = v * self.v_scale          # before caching: the cache holds scaled values
-        o = backend.forward(q, k, v, k_cache, v_cache, batch, self.scale, self.sinks)
+        o = paged_attention(backend, q, k, v, k_cache, v_cache, batch, self.scale, self.sinks)
         return self.o(o.reshape(T, self.hq * self.dv))
+
+
+@torch.compiler.disable
+def paged_attention(backend: AttentionBackend, q, k, v, k_cache, v_cache, batch: AttnBatch,
+                    scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
+    """The backend's call, never traced by `torch.compile`: what it gathers depends on the
+    step's page lists (python data in `batch`), and it writes the caches in place. A
+    compiled layer breaks its graph here and resumes after."""
+    return backend.forward(q, k, v, k_cache, v_cache, batch, scale, sinks)
 
 
 def _sinks(w: dict, p: str) -> torch.Tensor:

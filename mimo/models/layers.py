@@ -34,6 +34,9 @@ class Linear(nn.Module):
         self.w_scale = scale.to(torch.bfloat16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Inputs come in the residual stream's float32 (DecoderLM) or the weights' dtype;
+        # the product runs in the weights' dtype.
+        x = x.to(self.weight.dtype)
         if self.w_int8 is not None and x.dtype == torch.bfloat16:
             rows = x.numel() // x.shape[-1]
             if rows <= INT8_MAX_ROWS:

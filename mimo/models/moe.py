@@ -53,6 +53,9 @@ class SparseMoE(nn.Module):
             w = w / (w.sum(-1, keepdim=True) + 1e-20)
         return w * self.scaling, idx
 
+    # Data-dependent: which experts run, and on which rows, is known only at run time. A
+    # compiled layer breaks its graph here.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, idx = self.route(x)
         out = torch.zeros_like(x)

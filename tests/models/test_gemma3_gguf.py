@@ -74,3 +74,64 @@ def test_greedy_tokens_match_transformers(gemma_fp32, reference):
             f"prompt {i}: ours {out.token_ids} vs transformers {ref} (compared {n} steps)")
         compared += n
     assert compared >= 3 * STEPS, f"only {compared} steps were decisive enough to compare"
+
+
+
+DEFAULT_MARGIN = 0.1
+
+
+def _agree(llm, reference, margin, rows_at_once):
+    """Greedy tokens of every prompt (all at once, or one by one) against the reference up
+    to its first step with a top-2 margin below `margin`; returns the steps compared."""
+    ids = [llm.tokenizer.encode(p) for p in _prompts()]
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    if rows_at_once:
+        outs = llm.generate([{"prompt_token_ids": i} for i in ids], params)
+    else:
+        outs = [llm.generate({"prompt_token_ids": i}, params)[0] for i in ids]
+    compared = 0
+    for i, (pid, out) in enumerate(zip(ids, outs)):
+        ref, margins = _reference_greedy(reference, pid)
+        n = next((k for k, m in enumerate(margins) if m < margin), STEPS)
+        assert out.token_ids[:n] == ref[:n], (
+            f"prompt {i}: ours {out.token_ids} vs transformers {ref} ({n} steps)")
+        compared += n
+    return compared
+
+
+def test_compiled_bf16_agrees_with_transformers(gemma_loaded, reference):
+    """bfloat16 with compiled prefill layers and the float32 residual stream, bf16 weights
+    (--quantize none): the float32 reference's greedy tokens up to its first step with a
+    top-2 margin below 0.1, batched and one prompt at a time."""
+    from mimo import LLM
+    llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, compile="on",
+              quantize="none", kv_cache_memory="256MiB")
+    assert llm.engine.model._compiled is not None
+    assert _agree(llm, reference, DEFAULT_MARGIN, True) >= 2 * STEPS
+    assert _agree(llm, reference, DEFAULT_MARGIN, False) >= 2 * STEPS
+    llm.engine.check_integrity()
+
+
+def test_int4_screened_head_picks_the_exact_tokens(gemma_loaded):
+    """The default runtime's int4-screened greedy head against the same engine with the
+    proven-exact int8 argmax: identical tokens for every prompt, alone (one row: the int4
+    path) and batched, through 24 steps, near-ties included."""
+    from mimo import LLM
+    llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, compile="off",
+              kv_cache_memory="256MiB")
+    head = llm.engine.model.lm_head
+    assert llm.engine.config.runtime.use_int4_head and head._int4 is not None
+    ids = [llm.tokenizer.encode(p) for p in _prompts()] + [[2, 818, 5279, 529, 7001, 563]]
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+
+    def run():
+        one = [llm.generate({"prompt_token_ids": i}, params)[0].token_ids for i in ids]
+        return one, [o.token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], params)]
+    screened = run()
+    int4, head._int4 = head._int4, None
+    try:
+        exact = run()
+    finally:
+        head._int4 = int4
+    assert screened == exact
+    llm.engine.check_integrity()

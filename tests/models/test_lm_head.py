@@ -45,3 +45,29 @@ def test_without_int8_it_is_plain_argmax():
     head = LMHead(Linear(w))
     h = torch.randn(4, 16)
     assert head.greedy(h) == torch.argmax(h @ w.T, dim=-1).tolist()
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_int4_screen_rescores_to_the_exact_argmax(rows):
+    """Single rows through the int4 screen: the returned token is the exact int8 argmax
+    (its best 64 int4 scores hold it here), with and without a grammar mask; more than
+    INT4_MAX_ROWS rows take the proven path."""
+    from mimo.models.lm_head import INT4_MAX_ROWS
+    g = torch.Generator().manual_seed(10 + rows)
+    head = _head(torch.randn(6000, 64, generator=g))
+    assert head.screen_int4()
+    for _ in range(20):
+        h = (torch.randn(rows, 64, generator=g) * 3).to(torch.bfloat16)
+        assert head.greedy(h) == _exact_argmax(head, h)
+        allowed = torch.rand(rows, 6000, generator=g) < 0.01
+        w = head.linear.w_int8.float() * head.linear.w_scale.float()[:, None]
+        masked = (h.float() @ w.T).masked_fill(~allowed, float("-inf"))
+        assert head.greedy(h, allowed) == torch.argmax(masked, dim=-1).tolist()
+    big = (torch.randn(INT4_MAX_ROWS + 1, 64, generator=g) * 3).to(torch.bfloat16)
+    assert head.greedy(big) == _exact_argmax(head, big)
+
+
+def test_int4_screen_needs_int8_and_whole_groups():
+    assert not LMHead(Linear(torch.randn(100, 64))).screen_int4()
+    assert not _head(torch.randn(112, 48)).screen_int4()     # 48 is not a multiple of 32
+    assert not _head(torch.randn(100, 64)).screen_int4()     # 100 rows: not 16-row tiles
