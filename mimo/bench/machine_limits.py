@@ -13,8 +13,8 @@ warm-up call, on `threads` threads (set on torch for the measurement).
 
     python -m mimo.bench.machine_limits [--threads 2] [--quick]    # one JSON line
 
-The peers bench runs this in a subprocess before starting any server, so its own process
-holds no torch threads while servers run.
+The peers bench runs this in a subprocess before the first server and after the last, so
+its own process holds no torch threads while servers run.
 """
 from __future__ import annotations
 
@@ -79,6 +79,19 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
             "bandwidth_gbs": round(reads[method] / 1e9, 2), "bandwidth_method": method,
             "bandwidth_gbs_by_method": {k: round(v / 1e9, 2) for k, v in reads.items()},
             "reps": reps}
+
+
+def best_of(before: dict, after: dict) -> dict:
+    """The higher of each rate of two measurements (before and after a bench's runs): other
+    jobs' load only lowers a measured limit, and a limit set too low inflates every
+    fraction of it. Both measurements are kept under 'before' and 'after'."""
+    best = dict(before)
+    for k in ("matmul_gflops", "bandwidth_gbs"):
+        best[k] = max(before[k], after[k])
+    best["bandwidth_method"] = (before if before["bandwidth_gbs"] >= after["bandwidth_gbs"]
+                                else after)["bandwidth_method"]
+    best["before"], best["after"] = before, after
+    return best
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,10 @@ Counted (each a lower bound, so a measured rate over the bound it implies is a f
 format issue 18 sizes its 250 tok/s bound on) unless asked. A server that reads fewer bytes
 per weight (llama.cpp's Q4_K_M) can then show a memory fraction above what it really uses.
 
-A roofline time is max(bytes / bandwidth, FLOPs / matmul rate): whichever limit binds.
+A roofline time is max(bytes / bandwidth, FLOPs / matmul rate): whichever limit binds. A
+fraction above 1 is possible: the matmul rate is a bf16 one, and int8 arithmetic (llama.cpp's
+quantized dot products, int8 weights) can beat it; a machine busy while its limits were
+measured also gives limits too low.
 """
 from __future__ import annotations
 

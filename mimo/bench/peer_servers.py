@@ -44,18 +44,19 @@ def mimo_spec(port: int, extra: list[str]) -> ServerSpec:
                       (ROOT / "server.py",))
 
 
-def peer_spec(name: str, peers_dir: Path, port: int) -> ServerSpec:
-    """A peer as its start script runs it (peer-env.sh: offline, no telemetry)."""
+def peer_spec(name: str, peers_dir: Path, port: int, extra: tuple[str, ...] = ()) -> ServerSpec:
+    """A peer as its start script runs it (peer-env.sh: offline, no telemetry), `extra`
+    appended to the server's flags (the scripts pass "$@" on)."""
     d = peers_dir
     models = d / "models"
     common = (d / "peer-env.sh", models / "gemma3-chat-template.jinja")
     env = {"PEERS": str(d), "PORT": str(port)}
     if name == "vllm":
-        return ServerSpec(name, ("bash", str(d / "start-vllm.sh")), env,
+        return ServerSpec(name, ("bash", str(d / "start-vllm.sh"), *extra), env,
                           (d / "start-vllm.sh", d / "vllm-venv" / "bin" / "python",
                            d / "vllm_cli.py", models / "gemma-3-270m-hf" / "config.json", *common))
     if name == "llama-server":
-        return ServerSpec(name, ("bash", str(d / "start-llama-server.sh")), env,
+        return ServerSpec(name, ("bash", str(d / "start-llama-server.sh"), *extra), env,
                           (d / "start-llama-server.sh", d / "llama.cpp-build" / "bin" / "llama-server",
                            models / "gemma-3-270m-q4_k_m.gguf", *common))
     raise ValueError(f"unknown peer {name!r} (known: {', '.join(PEERS)})")
@@ -120,7 +121,9 @@ class RunningServer:
     def stop(self, grace: float = 60.0, settle: float = 10.0) -> dict:
         """SIGTERM the server, wait; then SIGTERM and SIGKILL what is left of its group; then
         look for any marked process still alive (a leak: reported, and killed by pid).
-        `grace`: seconds the server has to exit; `settle`: its group's, after SIGTERM."""
+        `grace`: seconds the server has to exit; `settle`: its group's, after it and after
+        the group's SIGTERM. `group_outlived_server`: some of the group was still there
+        `settle` seconds after the server exited (then ended by the group's signals)."""
         t0 = time.perf_counter()
         forced = False
         if self.alive():
@@ -129,6 +132,10 @@ class RunningServer:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
                 forced = True
+        # The server's own children (vLLM's engine core) get `settle` seconds to follow it.
+        until = time.perf_counter() + settle
+        while not self.alive() and _group_alive(self.pgid) and time.perf_counter() < until:
+            time.sleep(0.1)
         stragglers = not self.alive() and _group_alive(self.pgid)
         for sig, wait in ((signal.SIGTERM, settle), (signal.SIGKILL, 10.0)):
             if not self.alive() and not _group_alive(self.pgid):

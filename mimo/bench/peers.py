@@ -8,9 +8,10 @@ loopback-only network namespace --netns (the bench re-executes itself there, so 
 shares that loopback), timed to its first answered request, sent the workload of peer_load
 (a: 1 stream, b: concurrent streams, c: a long prompt twice, d: a long prompt sharing a
 prefix with an earlier one), and stopped, its process group killed and checked for leaks,
-before the next starts. Before any server starts, the machine's matmul rate and memory
-bandwidth are measured (machine_limits), and every figure is reported as a fraction of the
-roofline they imply for this model (model_cost). Progress on stderr; one JSON line last on
+before the next starts. Before the first server starts and after the last one stops, the
+machine's matmul rate and memory bandwidth are measured (machine_limits; the higher of
+each counts), and every figure is reported as a fraction of the roofline they imply for
+this model (model_cost). Progress on stderr; one JSON line last on
 stdout: every figure, every fraction, mimo / best peer per row, and whether mimo matches or
 beats the best peer on each.
 """
@@ -28,9 +29,10 @@ import tempfile
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from .machine_limits import best_of
 from .peer_load import QUICK, Client, Workload, run_workload, wait_ready
 from .peer_servers import PEERS, RunningServer, mimo_spec, peer_spec
-from .server_process import ROOT
+from .server_process import ROOT, free_port
 
 NAME = "peers"
 DEFAULT_MODEL = "gemma-3-270m"
@@ -50,11 +52,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="smoke sizes: 32 output tokens, 4 streams, 1 single run, 1,200-token "
                         "prompts sharing 800; small machine-limit buffers")
     p.add_argument("--mimo-args", default="", help="extra flags for mimo's server.py (one string)")
+    p.add_argument("--vllm-args", default="", help="extra flags for `vllm serve` (one string)")
+    p.add_argument("--llama-args", default="",
+                   help="extra flags for llama-server (one string; e.g. -nr where its AMX "
+                        "kernels die of SIGILL, see README)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the model mimo serves and the costs are computed for; another than "
                         f"{DEFAULT_MODEL} only when no peer is installed or with --peers none "
                         "(the peers serve that one)")
-    p.add_argument("--port", type=int, default=8090, help="every server's port, one at a time")
+    p.add_argument("--port", type=int, default=8090,
+                   help="every server's port, one at a time (0: a free one, picked inside the namespace)")
     p.add_argument("--netns", default="peers",
                    help="network namespace to run in (loopback only); none: this one")
     p.add_argument("--threads", type=int, default=2, help="threads of the machine-limit runs")
@@ -123,6 +130,14 @@ def _machine_limits(threads: int, quick: bool) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _limits(args, when: str) -> dict:
+    _log(f"machine limits on {args.threads} threads, {when} ...")
+    m = _machine_limits(args.threads, args.quick)
+    _log(f"matmul {m['matmul_gflops']} GFLOP/s, memory {m['bandwidth_gbs']} GB/s "
+         f"({m['bandwidth_method']})")
+    return m
+
+
 def _model_config(name: str):
     from ..models.hf_config import model_config_from_hf
     from ..models.registry import resolve
@@ -181,25 +196,26 @@ def measure(args) -> dict:
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise SystemExit(f"{NAME}: unknown peer(s) {sorted(unknown)} (known: {', '.join(PEERS)})")
-    peers_dir = Path(args.peers_dir)
-    specs = [peer_spec(p, peers_dir, args.port) for p in peers]
-    if args.model != DEFAULT_MODEL and any(not s.missing() for s in specs):
-        raise SystemExit(f"{NAME}: the peers serve {DEFAULT_MODEL}; --model needs --peers none")
+    if args.port == 0:
+        args.port = free_port()
     w = _workload(args)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    peers_dir = Path(args.peers_dir)
+    extra = {"vllm": shlex.split(args.vllm_args), "llama-server": shlex.split(args.llama_args)}
+    specs = [peer_spec(p, peers_dir, args.port, tuple(extra[p])) for p in peers]
+    if args.model != DEFAULT_MODEL and any(not s.missing() for s in specs):
+        raise SystemExit(f"{NAME}: the peers serve {DEFAULT_MODEL}; --model needs --peers none")
     mimo_args = shlex.split(args.mimo_args)
     if args.model != DEFAULT_MODEL:
         mimo_args = ["--model", args.model, *mimo_args]
-    _log(f"machine limits on {args.threads} threads ...")
-    machine = _machine_limits(args.threads, args.quick)
-    _log(f"matmul {machine['matmul_gflops']} GFLOP/s, memory {machine['bandwidth_gbs']} GB/s "
-         f"({machine['bandwidth_method']})")
     cost = ModelCost(_model_config(args.model), weight_bytes=args.weight_bytes)
-    lim = Limits(machine["bandwidth_gbs"] * 1e9, machine["matmul_gflops"] * 1e9)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mimo-bench-peers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     specs.append(mimo_spec(args.port, mimo_args))
+    before = _limits(args, "before the servers")
     servers = {s.name: _one(s, args, w, seed, log_dir) for s in specs}
+    machine = best_of(before, _limits(args, "after the servers"))
+    lim = Limits(machine["bandwidth_gbs"] * 1e9, machine["matmul_gflops"] * 1e9)
     loads = {n: s["load"] for n, s in servers.items() if s["status"] == "ok"}
     rows = table(loads, w, cost, lim)
     startup = {n: s.get("startup_s") for n, s in servers.items() if s["status"] == "ok"}

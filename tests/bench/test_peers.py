@@ -190,14 +190,14 @@ def test_mimo_alone_quick_run(tmp_path):
     plot = tmp_path / "peers.png"
     cmd = ["nice", "-n", "19", sys.executable, "-m", "mimo.bench", "peers", "--quick",
            "--netns", netns, "--peers", "vllm,llama-server", "--peers-dir", str(tmp_path / "no"),
-           "--model", str(model), "--port", "8097", "--prompt-tokens", "24", "--max-tokens", "6",
+           "--model", str(model), "--port", "0", "--prompt-tokens", "24", "--max-tokens", "6",
            "--concurrency", "3", "--long-tokens", "100", "--shared-prefix", "60",
            "--mimo-args", "--threads 1", "--plot", str(plot), "--seed", "3"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.strip().splitlines()[-1])
-    assert res["ok"] is True and res["netns"] == netns and res["seed"] == 3
+    assert res["ok"] is True and res["netns"] == netns and res["seed"] == 3 and res["port"] > 0
     for peer in ("vllm", "llama-server"):
         s = res["servers"][peer]
         assert s["status"] == "not installed" and s["looked_for"]
