@@ -161,7 +161,8 @@ def plot(res: dict, path: str) -> None:
     axes[0].axvline(1.0, color="k", lw=0.8)
     axes[0].set_xlabel("speed relative to the row's best server (1 = best)")
     axes[1].set_xlabel("fraction of the machine's roofline")
-    axes[0].legend(loc="lower right", fontsize=8)
+    if servers:
+        axes[0].legend(loc="lower right", fontsize=8)
     m = res["machine"]
     fig.suptitle(f"bench peers: {res['model']}; matmul {m['matmul_gflops']} GFLOP/s, "
                  f"memory {m['bandwidth_gbs']} GB/s, {m['threads']} threads")

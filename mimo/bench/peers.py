@@ -54,8 +54,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--mimo-args", default="", help="extra flags for mimo's server.py (one string)")
     p.add_argument("--vllm-args", default="", help="extra flags for `vllm serve` (one string)")
     p.add_argument("--llama-args", default="",
-                   help="extra flags for llama-server (one string; e.g. -nr where its AMX "
-                        "kernels die of SIGILL, see README)")
+                   help="extra flags for llama-server (one string; e.g. --llama-args=-nr "
+                        "where its AMX kernels die of SIGILL, see README)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the model mimo serves and the costs are computed for; another than "
                         f"{DEFAULT_MODEL} only when no peer is installed or with --peers none "
@@ -108,7 +108,10 @@ def _enter_netns(name: str) -> None:
 
 
 def _port_free(port: int) -> bool:
+    """Nothing listens on it (SO_REUSEADDR, as the servers bind: a closed connection's
+    TIME_WAIT does not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
