@@ -35,13 +35,14 @@ class ServerSpec:
         return [str(p) for p in self.needs if not p.exists()]
 
 
-def mimo_spec(port: int, extra: list[str]) -> ServerSpec:
-    """server.py at its defaults (plus `extra`), from this checkout with this python."""
-    return ServerSpec("mimo", (sys.executable, str(ROOT / "server.py"), "--host", "127.0.0.1",
+def mimo_spec(port: int, extra: list[str], root: Path = ROOT) -> ServerSpec:
+    """server.py at its defaults (plus `extra`) from the checkout `root` (default: this one),
+    with this python."""
+    return ServerSpec("mimo", (sys.executable, str(root / "server.py"), "--host", "127.0.0.1",
                                "--port", str(port), *extra),
                       {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                       "PYTHONPATH": str(ROOT)},
-                      (ROOT / "server.py",))
+                       "PYTHONPATH": str(root)},
+                      (root / "server.py",))
 
 
 def peer_spec(name: str, peers_dir: Path, port: int, extra: tuple[str, ...] = ()) -> ServerSpec:

@@ -52,6 +52,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="smoke sizes: 32 output tokens, 4 streams, 1 single run, 1,200-token "
                         "prompts sharing 800; small machine-limit buffers")
     p.add_argument("--mimo-args", default="", help="extra flags for mimo's server.py (one string)")
+    p.add_argument("--mimo-dir", default=str(ROOT),
+                   help="the mimo checkout whose server.py runs (default: this one; e.g. a "
+                        "git worktree of an older commit, for start-up before and after)")
     p.add_argument("--vllm-args", default="", help="extra flags for `vllm serve` (one string)")
     p.add_argument("--llama-args", default="",
                    help="extra flags for llama-server (one string; e.g. --llama-args=-nr "
@@ -214,7 +217,7 @@ def measure(args) -> dict:
     cost = ModelCost(_model_config(args.model), weight_bytes=args.weight_bytes)
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="mimo-bench-peers-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    specs.append(mimo_spec(args.port, mimo_args))
+    specs.append(mimo_spec(args.port, mimo_args, Path(args.mimo_dir).resolve()))
     before = _limits(args, "before the servers")
     servers = {s.name: _one(s, args, w, seed, log_dir) for s in specs}
     machine = best_of(before, _limits(args, "after the servers"))
@@ -228,7 +231,8 @@ def measure(args) -> dict:
           and all(s.get("port_free_after_stop", True) for s in servers.values()))
     return {"bench": NAME, "model": args.model, "quick": args.quick, "seed": seed,
             "workload": asdict(w), "netns": args.netns, "port": args.port,
-            "peers_dir": str(peers_dir), "mimo_args": mimo_args, "machine": machine,
+            "peers_dir": str(peers_dir), "mimo_dir": str(Path(args.mimo_dir).resolve()),
+            "mimo_args": mimo_args, "machine": machine,
             "model_cost": cost.summary(), "servers": servers, "rows": rows,
             "startup": {"values": startup, **compare(startup, higher=False)},
             "summary": summary(rows), "leaked_pids": leaks, "ok": ok}

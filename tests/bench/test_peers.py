@@ -192,7 +192,8 @@ def test_mimo_alone_quick_run(tmp_path):
            "--netns", netns, "--peers", "vllm,llama-server", "--peers-dir", str(tmp_path / "no"),
            "--model", str(model), "--port", "0", "--prompt-tokens", "24", "--max-tokens", "6",
            "--concurrency", "3", "--long-tokens", "100", "--shared-prefix", "60",
-           "--mimo-args", "--threads 1", "--plot", str(plot), "--seed", "3"]
+           "--mimo-args", "--threads 1", "--mimo-dir", str(ROOT), "--plot", str(plot),
+           "--seed", "3"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -206,6 +207,7 @@ def test_mimo_alone_quick_run(tmp_path):
     assert m["status"] == "ok" and m["errors"] == [] and m["startup_s"] > 0
     assert m["stop"]["leaked_pids"] == [] and m["port_free_after_stop"] is True
     assert res["mimo_args"] == ["--model", str(model), "--threads", "1"]
+    assert res["mimo_dir"] == str(ROOT) and m["argv"][1] == str(ROOT / "server.py")
     assert res["machine"]["matmul_gflops"] > 0 and res["machine"]["bandwidth_gbs"] > 0
     assert set(res["rows"]) == {r.key for r in ROWS}
     for key, row in res["rows"].items():
