@@ -280,9 +280,10 @@ class RuntimeConfig:
     dtype: str = "bfloat16"      # activations and KV: 'float32' or 'bfloat16'
     quantize: str = "auto"       # decode weights: 'none' or 'int8' ('auto': int8 on CPU+bf16)
     num_threads: int | None = None
-    # torch.compile of the layers for prefill-sized steps: 'on', 'off', or 'auto' (on for
-    # bfloat16; float32 keeps eager numerics, the reference-exact path). The default comes
-    # from $MIMO_COMPILE when set (test.sh sets off: compile time per test process).
+    # torch.compile of the layers for prefill-sized steps: 'on', 'off', or 'auto' (off: on
+    # this 2-core CPU the compiled layers, which break their graphs around the paged
+    # attention, measured slower than eager; docs/speed.md). The default comes from
+    # $MIMO_COMPILE when set.
     compile: str = field(default_factory=lambda: os.environ.get("MIMO_COMPILE", "auto"))
     # How greedy decoding finds the argmax of the LM head (models/lm_head.py): 'exact' (the
     # argmax of the int8 logits, proven by an error bound) or 'int4' (an int4 copy scores,
@@ -317,7 +318,7 @@ class RuntimeConfig:
 
     @property
     def use_compile(self) -> bool:
-        return self.dtype == "bfloat16" if self.compile == "auto" else self.compile == "on"
+        return self.compile == "on"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RuntimeConfig:

@@ -24,8 +24,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "an error bound) or int4 (an int4 copy scores, its best 64 are "
                         "rescored exactly; auto: int4 when int8 weights are on)")
     g.add_argument("--compile", default=None, choices=["auto", "on", "off"],
-                   help="torch.compile the layers for prefill-sized steps (auto: on for "
-                        "bfloat16; default: $MIMO_COMPILE, else auto)")
+                   help="torch.compile the layers for prefill-sized steps (auto: off, "
+                        "measured slower than eager on CPU; default: $MIMO_COMPILE, else auto)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
