@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import shlex
@@ -239,6 +240,9 @@ def measure(args) -> dict:
 
 
 def run(args) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Before the servers run, not after ten minutes of them.
+        raise SystemExit("--plot needs matplotlib (pip install -e '.[bench]')")
     if args.netns != "none":
         _enter_netns(args.netns)
     res = measure(args)
