@@ -100,15 +100,18 @@ class LMHead(nn.Module):
         # Float32 rounding of both sides is far below this slack.
         slack = 1e-3 * (1.0 + best.abs())
         thr = best - 2.0 * err * self.max_bound - slack
-        out = []
-        for i in range(x.shape[0]):
-            cand = torch.nonzero(approx[i] >= thr[i]).squeeze(1)
-            if cand.numel() == 0:       # nothing allowed (cannot happen for a live grammar)
-                assert allowed is not None
-                cand = torch.nonzero(allowed[i]).squeeze(1)[:1]
-            exact = (w8.index_select(0, cand).float() * self.scale[cand, None]) @ x[i]
-            out.append(int(cand[torch.argmax(exact)]))
-        return out
+        return [self._rescore(x[i], torch.nonzero(approx[i] >= thr[i]).squeeze(1), allowed, i)
+                for i in range(x.shape[0])]
+
+    def _rescore(self, x: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor | None,
+                 i: int) -> int:
+        """The token among `cand` (ascending ids: argmax then breaks an exact tie by the
+        lowest id) with the highest exact logit for hidden row `x` (row `i` of `allowed`)."""
+        if cand.numel() == 0:       # nothing allowed (cannot happen for a live grammar)
+            assert allowed is not None
+            cand = torch.nonzero(allowed[i]).squeeze(1)[:1]
+        exact = (self.linear.w_int8.index_select(0, cand).float() * self.scale[cand, None]) @ x
+        return int(cand[torch.argmax(exact)])
 
     def _greedy_int4(self, h: torch.Tensor, allowed: torch.Tensor | None) -> list[int]:
         packed, sz = self._int4
@@ -118,17 +121,8 @@ class LMHead(nn.Module):
             approx.masked_fill_(~allowed[:, :approx.shape[1]], float("-inf"))
         top = approx.topk(INT4_TOP, dim=1)
         x = h.float()
-        w8 = self.linear.w_int8
-        out = []
-        for i in range(h.shape[0]):
-            # Ascending ids, so that argmax breaks an exact tie by the lowest id.
-            cand = top.indices[i][top.values[i] > float("-inf")].sort().values
-            if cand.numel() == 0:       # nothing allowed (cannot happen for a live grammar)
-                assert allowed is not None
-                cand = torch.nonzero(allowed[i]).squeeze(1)[:1]
-            exact = (w8.index_select(0, cand).float() * self.scale[cand, None]) @ x[i]
-            out.append(int(cand[torch.argmax(exact)]))
-        return out
+        return [self._rescore(x[i], top.indices[i][top.values[i] > float("-inf")].sort().values,
+                              allowed, i) for i in range(h.shape[0])]
 
     def logits_for(self, h: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         """float32 logits of tokens `idx` for one hidden row `h`, from the weights `greedy`
