@@ -83,17 +83,34 @@ def pending_key(incarnation: str, kind: str) -> str:
     return f"{{mimo:pk:{incarnation}}}:p{kind}"
 
 
-class TreeMirror:
+class _KeyDelta:
+    """What both mirrors share: `delta` {(set kind, key): present} since the publisher's
+    last `drain`, under `lock`, and `on_change` (wakes the publisher) called after each
+    change."""
+
+    def __init__(self):
+        self.delta: dict[tuple[str, bytes], bool] = {}
+        self.lock = threading.Lock()
+        self.on_change: Callable[[], object] | None = None
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
+
+    def drain(self) -> dict[tuple[str, bytes], bool]:
+        with self.lock:
+            d, self.delta = self.delta, {}
+        return d
+
+
+class TreeMirror(_KeyDelta):
     def __init__(self, tree: RadixTree, keys: KeyChain):
+        super().__init__()
         self.tree, self.keys = tree, keys
         self.hybrid = tree.hybrid
         self.sets: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
-        self.delta: dict[tuple[str, bytes], bool] = {}
-        self.lock = threading.Lock()
         self.resync = False         # set after a recovery: the publisher rewrites everything
         self._ns: dict[int, Hashable] = {}
-        # Called on the engine thread after a change: wakes the publisher.
-        self.on_change: Callable[[], object] | None = None
         tree.listeners.append(self)
 
     # ---- TreeListener --------------------------------------------------------------------
@@ -121,8 +138,7 @@ class TreeMirror:
                 self.sets, self.delta, self.resync = {FULL: set(), SWA: set()}, {}, True
             if self in self.tree.listeners:
                 self.tree.listeners.remove(self)
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
 
     def _rebuild(self) -> None:
         """Every node's keys chained afresh from its root (stored keys are not trusted)."""
@@ -151,8 +167,8 @@ class TreeMirror:
                     if self.hybrid:
                         assert node.swa is not None
                         changed |= self._set(SWA, keys[i], node.swa[i] >= 0)
-        if changed and self.on_change is not None:
-            self.on_change()
+        if changed:
+            self._changed()
 
     def _evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
         keys = self._node_keys(node)
@@ -162,15 +178,9 @@ class TreeMirror:
                 self._set(SWA, keys[i], False)
             for i in swa_idx:
                 self._set(SWA, keys[i], False)
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
 
     # ---- the publisher's side ------------------------------------------------------------
-    def drain(self) -> dict[tuple[str, bytes], bool]:
-        with self.lock:
-            d, self.delta = self.delta, {}
-        return d
-
     def snapshot(self) -> dict[str, list[bytes]]:
         """The whole state; pending changes are part of it (and dropped from `delta`)."""
         with self.lock:
@@ -194,17 +204,15 @@ class TreeMirror:
         return node_keys(self.keys, node, self.tree.namespace_of, self._ns)
 
 
-class TierMirror:
+class TierMirror(_KeyDelta):
     """The tiers' keys for the router: `host` (kind -> keys in L2, exact) and the L3 keys this
     worker learned, as `delta` {(set kind, key): present} for the publisher, set kinds being
     L2_FULL / L2_SWA and FULL / SWA for L3. Called from the engine thread (L2) and the
     storage I/O thread (L3); drained on the event loop: one lock."""
     def __init__(self, host, storage):
-        self.lock = threading.Lock()
+        super().__init__()
         self.host: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
-        self.delta: dict[tuple[str, bytes], bool] = {}
         self.l3: OrderedDict[tuple[str, bytes], None] = OrderedDict()  # learned present
-        self.on_change: Callable[[], object] | None = None
         if host is not None:
             for kind, store in host.stores.items():
                 self.host[kind].update(store.index)
@@ -216,8 +224,7 @@ class TierMirror:
         with self.lock:
             (self.host[kind].add if present else self.host[kind].discard)(key)
             self.delta[(L2_FULL if kind == FULL else L2_SWA, key)] = present
-        if self.on_change is not None:
-            self.on_change()
+        self._changed()
 
     def _seen(self, names: list[str], present: bool) -> None:
         with self.lock:
@@ -232,13 +239,7 @@ class TierMirror:
                 else:
                     self.l3.pop(k, None)
                 self.delta[k] = present
-        if self.on_change is not None:
-            self.on_change()
-
-    def drain(self) -> dict[tuple[str, bytes], bool]:
-        with self.lock:
-            d, self.delta = self.delta, {}
-        return d
+        self._changed()
 
     def snapshot(self) -> dict[str, list[bytes]]:
         """{set kind: keys}: the host sets whole, and the L3 keys this worker knows (added
