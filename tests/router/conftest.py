@@ -85,6 +85,18 @@ def decide(router, body: dict, kind: str = "chat") -> dict:
                       timeout=30).json()
 
 
+def decide_when_published(router, body: dict, worker: str, timeout: float = 10.0) -> dict:
+    """The decision for `body` once it names `worker` (or the last one after `timeout`).
+    Workers publish their cache asynchronously, after the response that filled it, so a
+    decision taken at once may still see the tree from before the last request."""
+    until = time.time() + timeout
+    while True:
+        d = decide(router, body)
+        if d["worker"] == worker or time.time() > until:
+            return d
+        time.sleep(0.05)
+
+
 def stop_all(*procs) -> None:
     for p in procs:
         if isinstance(p, list):

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from .conftest import chat_raw, decide, start_router, stop_all, wait_published
+from .conftest import (
+    chat_raw,
+    decide,
+    decide_when_published,
+    start_router,
+    stop_all,
+    wait_published,
+)
 
 HB = "0.2"
 
@@ -64,9 +71,11 @@ def vl_cluster(vlm_dir):
         r.stop()
 
 
-def _send(rt, model, msgs):
-    """(decision, usage, worker) for one request: decided, then sent through the router."""
-    d = decide(rt, {"model": model, "messages": msgs, "max_tokens": 3})
+def _send(rt, model, msgs, holder: str | None = None):
+    """(decision, usage, worker) for one request: decided (once `holder`'s cache is
+    published, when given), then sent through the router."""
+    body = {"model": model, "messages": msgs, "max_tokens": 3}
+    d = decide(rt, body) if holder is None else decide_when_published(rt, body, holder)
     resp, w = chat_raw(rt, model, msgs, max_tokens=3)
     return d, resp.usage, w
 
@@ -80,7 +89,7 @@ def test_the_same_image_goes_back_to_its_worker(vl_cluster, vlm_dir):
     assert u.prompt_tokens_details.cached_tokens == 0
     # The same image again (another question): the worker that holds it, predicted exactly.
     for q in ("and the colours?", "and the corners?"):
-        d, u, w = _send(rt, model, messages(x, q))
+        d, u, w = _send(rt, model, messages(x, q), holder=wx)
         assert w == wx == d["worker"], d
         assert d["predicted_cached_tokens"] == u.prompt_tokens_details.cached_tokens > 0
         assert d["prompt_tokens"] == u.prompt_tokens
@@ -90,7 +99,7 @@ def test_the_same_image_goes_back_to_its_worker(vl_cluster, vlm_dir):
     assert d["predicted_cached_tokens"] == 0 and d["how"] == "score"
     _, u, wy = _send(rt, model, messages(y, "what is in it?"))
     assert u.prompt_tokens_details.cached_tokens == 0
-    d, u, w = _send(rt, model, messages(y, "and the colours?"))
+    d, u, w = _send(rt, model, messages(y, "and the colours?"), holder=wy)
     assert w == wy and d["predicted_cached_tokens"] == u.prompt_tokens_details.cached_tokens > 0
 
 
@@ -102,7 +111,7 @@ def test_exif_rotated_jpeg_and_unseen_images(vl_cluster, vlm_dir):
     z = data_url(3, size=(140, 56), fmt="JPEG", orientation=6)
     d, u, wz = _send(rt, model, messages(z, "which way is up?"))
     assert d["prompt_tokens"] == u.prompt_tokens
-    d, u, w = _send(rt, model, messages(z, "and now?"))
+    d, u, w = _send(rt, model, messages(z, "and now?"), holder=wz)
     assert w == wz and d["predicted_cached_tokens"] == u.prompt_tokens_details.cached_tokens > 0
     # An image at an http URL: the router fetches nothing, the prompt is unknown to it.
     d = decide(rt, {"model": model, "messages": messages("http://127.0.0.1:9/x.png", "hi"),
