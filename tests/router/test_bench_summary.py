@@ -25,3 +25,15 @@ def test_from_the_workers_counts_when_no_router_says():
     assert s["max_over_mean"] == 4.0            # every request on one worker
     assert s["same_worker_share"] is None
     assert s["requests_per_worker"] == [6.0, 0.0, 0.0, 0.0]
+
+
+def test_ttft_p90_of_continued_requests():
+    recs = _recs(["a"] * 6)               # turns 0, 1, 2 of sessions 0 and 1
+    s = summarize(recs, ["a"])
+    # ttft 0.1 .. 0.6; the continued ones (turns 1, 2): 0.2, 0.3, 0.5, 0.6
+    assert s["ttft_p90"] == 0.6 and s["ttft_p90_continued"] == 0.6
+    recs[5]["ttft"] = 0.05
+    assert summarize(recs, ["a"])["ttft_p90_continued"] == 0.5
+    trace = [{"prev": None, "ttft": 9.0, "prompt": 10, "cached": 0, "worker": "a"},
+             {"prev": 0, "ttft": 1.0, "prompt": 10, "cached": 5, "worker": "a"}]
+    assert summarize(trace, ["a"])["ttft_p90_continued"] == 1.0
