@@ -119,10 +119,16 @@ def _sdpa(q, k, v, mask, scale, sinks):
 
 def _decode_attention(q, k, v, mask, scale, sinks):
     """One query per sequence. q [B, Hq, D], k [B, L, Hkv, D], v [B, L, Hkv, Dv], additive
-    mask [B, 1, 1, L]. Two batched matmuls: SDPA's CPU kernels tile for long queries and are
-    several times slower for a single one."""
+    mask [B, 1, 1, L]. Without sinks, one SDPA call: on CPU (torch 2.13) its flash kernel
+    takes a single query at 1/3 of the time of the two batched matmuls below for one
+    sequence, and no more for 16 (docs/speed.md). Sinks need the explicit softmax."""
     B, Hq, D = q.shape
     Hkv = k.shape[2]
+    if sinks is None:
+        o = F.scaled_dot_product_attention(
+            q.unsqueeze(2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+            scale=scale, enable_gqa=Hq != Hkv)                               # [B, Hq, 1, Dv]
+        return o.view(B, Hq, -1)
     qg = q.view(B, Hkv, Hq // Hkv, D)
     s = torch.matmul(qg, k.permute(0, 2, 3, 1)).float() * scale       # [B, Hkv, rep, L]
     if mask is not None:

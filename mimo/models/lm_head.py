@@ -29,6 +29,7 @@ from .layers import Linear
 INT4_GROUP = 32         # weights per (scale, zero) pair along the hidden dim
 INT4_MAX_ROWS = 4       # above this, the int8 x int8 product is faster than int4 weight-only
 INT4_TOP = 64           # int4 candidates rescored exactly per row
+BOUND_TOP = 16          # int8 scores taken per row before the bound's threshold is applied
 
 
 class LMHead(nn.Module):
@@ -92,16 +93,27 @@ class LMHead(nn.Module):
         x = h.float()
         sx = x.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127.0
         xq = torch.round(x / sx).clamp(-127, 127).to(torch.int8)
-        approx = torch._int_mm(xq, w8.t()) * (self.scale * sx)          # [rows, vocab]
+        # The approximate scores divided by the row's positive s_x (the same order within a
+        # row, and one pass over [rows, vocab] fewer).
+        a = torch._int_mm(xq, w8.t()) * self.scale                       # [rows, vocab]
         if allowed is not None:
-            approx.masked_fill_(~allowed[:, :approx.shape[1]], float("-inf"))
+            a.masked_fill_(~allowed[:, :a.shape[1]], float("-inf"))
         err = (xq.float() * sx - x).norm(dim=1)                          # [rows]
-        best = approx.max(dim=1).values
+        top = a.topk(min(BOUND_TOP, a.shape[1]), dim=1)
+        sx = sx.squeeze(1)
+        best = top.values[:, 0] * sx
         # Float32 rounding of both sides is far below this slack.
         slack = 1e-3 * (1.0 + best.abs())
-        thr = best - 2.0 * err * self.max_bound - slack
-        return [self._rescore(x[i], torch.nonzero(approx[i] >= thr[i]).squeeze(1), allowed, i)
-                for i in range(x.shape[0])]
+        thr = (best - 2.0 * err * self.max_bound - slack) / sx          # in a's units
+        out = []
+        for i in range(x.shape[0]):
+            v = top.values[i]
+            # Every candidate is among the top ones when the last of them is below the
+            # threshold (the usual case); else the whole row is searched.
+            cand = (top.indices[i][v >= thr[i]].sort().values if v[-1] < thr[i]
+                    else torch.nonzero(a[i] >= thr[i]).squeeze(1))
+            out.append(self._rescore(x[i], cand, allowed, i))
+        return out
 
     def _rescore(self, x: torch.Tensor, cand: torch.Tensor, allowed: torch.Tensor | None,
                  i: int) -> int:
