@@ -403,6 +403,9 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
                     own_prompt = (self.policy.prompt and prompt_len is not None
                                   and last.end in self.policy.prompt_points(prompt_len, P))
                     last.swa_time = now if own_prompt else now - SPECULATIVE
+                    # Its new time needs its own heap entry (the window below may not
+                    # reach into it: with W = 1 a window lies past the node's end).
+                    self._push_swa(last)
                     # No longer a leaf, it protects no tail window: the nodes holding that
                     # window may have left the SWA heap while protected.
                     self._push_window(last)

@@ -376,3 +376,33 @@ def test_num_leaves_counts_cached_sequence_ends():
     tree.evict(full=fa.capacity)
     assert tree.num_leaves() == 0
     tree.check_integrity()
+
+
+def test_a_continued_leaf_keeps_its_place_in_the_swa_order_at_window_1():
+    """Found by the property test: a request that continues a cached leaf moves the leaf's
+    SWA time (its window becomes a fallback). The tree re-entered the nodes holding the
+    leaf's tail window in the SWA heap, but with a window of 1 token that window lies past
+    the leaf, so the leaf itself had no valid entry: SWA eviction lost track of its pages
+    and had to rebuild its heaps (`reheaps`)."""
+    p, w = 3, 1
+    fa, sa = PageAllocator(16, "full"), PageAllocator(16, "swa")
+    tree = RadixTree(p, w, fa, sa, KEEP, "hybrid")
+
+    def req(toks):
+        m = tree.match(toks)
+        tree.lock(m.node)
+        q0, n = m.length // p, -(-len(toks) // p)
+        res = tree.insert(toks, m.full_pages + fa.alloc(n - q0),
+                          list(m.swa_pages) + sa.alloc(n - q0), None)
+        fa.free(res.dup_full)
+        sa.free(res.dup_swa)
+        tree.unlock(m.node)
+        tree.check_integrity()
+    req(seq(6))
+    req(seq(9))             # continues the leaf [0, 6)
+    assert sa.num_evictable == 3
+    # A 1-token window needs no SWA before the leaf's end: the two pages of [0, 6) go first,
+    # without touching the leaf's full KV.
+    assert tree.evict(0, 2) == (0, 2) and sa.num_evictable == 1
+    assert tree.counters["reheaps"] == 0
+    tree.check_integrity()
