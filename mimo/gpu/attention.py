@@ -17,6 +17,10 @@ import torch
 import torch.nn.functional as F
 
 DECODE_KEY_BUCKET = 64     # decode key counts are padded to a multiple of this
+# A prefill chunk's queries go to SDPA in blocks of this many, each with only the keys some
+# query of the block sees: the CPU flash kernel computes every block of an explicit mask,
+# and a window's band or a causal triangle leaves much of [queries, keys] masked.
+PREFILL_QUERY_BLOCK = 128
 
 
 @dataclass
@@ -24,6 +28,21 @@ class PrefillSpan:
     rows: slice                 # this sequence's query rows in the flattened batch
     kv_slots: torch.Tensor      # [L] cache slots of the keys it reads, in position order
     mask: torch.Tensor | None   # [q, L] bool (True: may attend); None: plain causal on aligned ends
+    # (query rows, key columns) of each block, both relative to the span; every key a query
+    # of the block may see lies in its columns (the visible keys of a query are contiguous).
+    blocks: list[tuple[slice, slice]] | None = None
+
+
+def _query_blocks(start: int, n: int, lo: int, end: int, window: int | None,
+                  floor: int) -> list[tuple[slice, slice]]:
+    """Blocks of a chunk of queries at positions [start, start + n) over keys [lo, end)."""
+    out = []
+    for a in range(0, n, PREFILL_QUERY_BLOCK):
+        b = min(a + PREFILL_QUERY_BLOCK, n)
+        k0 = 0 if window is None else max(0, start + a - window + 1)
+        k0 = max(k0, min(floor, start), lo)
+        out.append((slice(a, b), slice(k0 - lo, start + b - lo)))
+    return out
 
 
 @dataclass
@@ -65,7 +84,8 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             m = kpos[None, :] <= qpos[:, None]
             if window is not None:
                 m &= kpos[None, :] > qpos[:, None] - window
-            prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device)))
+            prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device),
+                                        _query_blocks(start, n, lo, end, window, floor)))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
     if skipped:
         batch.write_rows = torch.cat(wrows).to(device)
@@ -172,6 +192,10 @@ class TorchAttention(AttentionBackend):
             qp = q[span.rows].transpose(0, 1).unsqueeze(0)                    # [1, Hq, n, D]
             kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
             vp = v_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
-            op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
+            if span.blocks is None or len(span.blocks) == 1 or span.mask is None:
+                op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
+            else:
+                op = torch.cat([_sdpa(qp[:, :, r], kp[:, :, c], vp[:, :, c], span.mask[r, c],
+                                      scale, sinks) for r, c in span.blocks], dim=2)
             out[span.rows] = op.squeeze(0).transpose(0, 1)
         return out

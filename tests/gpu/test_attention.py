@@ -1,6 +1,8 @@
-"""TorchAttention's decode rows against a brute-force float64 softmax attention over each
-sequence's own keys: scattered cache slots, padded key counts of several lengths in one batch,
-GQA, a sliding window, attention sinks, decode rows batched alone and beside a prefill."""
+"""TorchAttention against a brute-force float64 softmax attention over each query's own keys:
+scattered cache slots, decode rows with padded key counts of several lengths in one batch,
+GQA, a sliding window, attention sinks, decode rows batched alone and beside a prefill chunk
+long enough to go to SDPA in several query blocks, one of them starting above a key floor
+(a window rebuild's)."""
 from __future__ import annotations
 
 import math
@@ -42,11 +44,19 @@ def test_decode_rows_match_brute_force(dtype, sinks, window, with_prefill):
         base += n + 1
     seqs = [(row, n, 1, i, 0, 0) for row, (i, n) in enumerate(enumerate(lens))]
     T = len(lens)
-    if with_prefill:                             # a 9-token chunk at positions 3..11
-        owner["p"] = perm[base:base + 12]
-        seqs.append((T, 3, 9, "p", 0, 0))
-        T += 9
+    chunks = []                                  # (handle, first row, start, n, floor)
+    if with_prefill:
+        # A 300-token chunk at positions 50..349 (3 query blocks of PREFILL_QUERY_BLOCK),
+        # and a 20-token one at 30..49 whose keys start at a floor of 25.
+        for h, start, n, floor in (("p", 50, 300, 0), ("f", 30, 20, 25)):
+            owner[h] = perm[base:base + start + n]
+            base += start + n
+            seqs.append((T, start, n, h, floor, 0))
+            chunks.append((h, T, start, n, floor))
+            T += n
     batch = build_attn_batch(seqs, window, lambda h, a, b: owner[h][a:b], "cpu", dtype)
+    if with_prefill:
+        assert [len(sp.blocks) for sp in batch.prefills] == [3, 1]
     q = torch.randn(T, Hq, D, generator=g).to(dtype)
     k = torch.randn(T, Hkv, D, generator=g).to(dtype)
     v = torch.randn(T, Hkv, Dv, generator=g).to(dtype)
@@ -59,6 +69,13 @@ def test_decode_rows_match_brute_force(dtype, sinks, window, with_prefill):
         slots = owner[i][lo:n + 1]
         want = _reference(q[row], kc[slots], vc[slots], scale, sink)
         assert torch.allclose(out[row].double(), want, atol=tol, rtol=tol), (row, n)
+    for h, row0, start, n, floor in chunks:
+        for j in range(n):
+            p = start + j
+            lo = max(0 if window is None else p - window + 1, min(floor, start))
+            slots = owner[h][lo:p + 1]
+            want = _reference(q[row0 + j], kc[slots], vc[slots], scale, sink)
+            assert torch.allclose(out[row0 + j].double(), want, atol=tol, rtol=tol), (h, p)
     # The new tokens' K/V were written where each sequence's own slot map says.
     for row, (i, n) in enumerate(enumerate(lens)):
         assert torch.equal(kc[owner[i][n]], k[row])
