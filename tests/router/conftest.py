@@ -85,16 +85,21 @@ def decide(router, body: dict, kind: str = "chat") -> dict:
                       timeout=30).json()
 
 
-def decide_when_published(router, body: dict, worker: str, timeout: float = 10.0) -> dict:
-    """The decision for `body` once it names `worker` (or the last one after `timeout`).
+def decide_when(router, body: dict, ok, timeout: float = 10.0) -> dict:
+    """The decision for `body` once `ok(decision)` holds (or the last one after `timeout`).
     Workers publish their cache asynchronously, after the response that filled it, so a
     decision taken at once may still see the tree from before the last request."""
     until = time.time() + timeout
     while True:
         d = decide(router, body)
-        if d["worker"] == worker or time.time() > until:
+        if ok(d) or time.time() > until:
             return d
         time.sleep(0.05)
+
+
+def decide_when_published(router, body: dict, worker: str, timeout: float = 10.0) -> dict:
+    """The decision for `body` once it names `worker`, the one holding its prefix."""
+    return decide_when(router, body, lambda d: d["worker"] == worker, timeout)
 
 
 def stop_all(*procs) -> None:

@@ -5,11 +5,17 @@ that holds it in its tree is taken out, the one that gets it reports the cached 
 router predicted, which came from the store."""
 from __future__ import annotations
 
-import time
-
 import httpx
 
-from .conftest import chat_raw, decide, start_router, start_workers, stop_all, wait_published
+from .conftest import (
+    chat_raw,
+    decide,
+    decide_when,
+    start_router,
+    start_workers,
+    stop_all,
+    wait_published,
+)
 
 
 def test_store_pages_are_credited_to_every_worker_and_predicted(redis_server, tiny_dir,
@@ -28,12 +34,8 @@ def test_store_pages_are_credited_to_every_worker_and_predicted(redis_server, ti
         first, holder = chat_raw(rt, model, msgs, max_tokens=4)
         assert first.usage.prompt_tokens_details.cached_tokens == 0
         # Published: the holder's tree, and the store's set (written through).
-        until = time.time() + 10
-        while time.time() < until:
-            d = decide(rt, body)
-            if d["predicted_cached_tokens"] > 0 and d["worker"] == holder:
-                break
-            time.sleep(0.1)
+        d = decide_when(rt, body,
+                        lambda d: d["predicted_cached_tokens"] > 0 and d["worker"] == holder)
         assert d["worker"] == holder and d["predicted_by_tier"]["l1"] == d[
             "predicted_cached_tokens"], d
         whole = d["predicted_cached_tokens"]
