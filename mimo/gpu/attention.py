@@ -33,14 +33,13 @@ class PrefillSpan:
     blocks: list[tuple[slice, slice]] | None = None
 
 
-def _query_blocks(start: int, n: int, lo: int, end: int, window: int | None,
-                  floor: int) -> list[tuple[slice, slice]]:
-    """Blocks of a chunk of queries at positions [start, start + n) over keys [lo, end)."""
+def _query_blocks(start: int, n: int, lo: int, window: int | None) -> list[tuple[slice, slice]]:
+    """Blocks of a chunk of queries at positions [start, start + n) over keys from `lo` (the
+    first key any of them sees: the window's and the key floor's bound, `build_attn_batch`)."""
     out = []
     for a in range(0, n, PREFILL_QUERY_BLOCK):
         b = min(a + PREFILL_QUERY_BLOCK, n)
-        k0 = 0 if window is None else max(0, start + a - window + 1)
-        k0 = max(k0, min(floor, start), lo)
+        k0 = lo if window is None else max(lo, start + a - window + 1)
         out.append((slice(a, b), slice(k0 - lo, start + b - lo)))
     return out
 
@@ -85,7 +84,7 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             if window is not None:
                 m &= kpos[None, :] > qpos[:, None] - window
             prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device),
-                                        _query_blocks(start, n, lo, end, window, floor)))
+                                        _query_blocks(start, n, lo, window)))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
     if skipped:
         batch.write_rows = torch.cat(wrows).to(device)
