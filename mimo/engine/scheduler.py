@@ -26,6 +26,13 @@ in the table (window release moved on) are added to its SWA reservation. So a pa
 reserved once, and a pinned page admission had counted as evictable is always reserved.
 Under 'reserve' an `OutOfPages` is therefore a bug (logged as one by the engine).
 
+Prefixes in flight: a waiting request is passed over (not blocking those behind it) while a
+running request that is still prefilling will compute at least one more page of the prefix
+the two share beyond what the waiting one has cached (`_shares_work`). It is admitted once
+that part is computed and in the prefix cache: shared tokens are computed once, not once per
+request that arrived before they were done, and what a request reuses is what its worker
+holds or is computing (what the router's prediction credits: mimo/router/router.py).
+
 A step that raises fails only the requests it touched (`touched`, `fail`): their pages are
 freed and none of their KV is cached; the next step goes on (LLMEngine.step).
 
@@ -60,6 +67,22 @@ __all__ = ["Scheduler", "ScheduledChunk"]
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """The length of a's and b's common prefix: doubling then bisecting on slice equality,
+    so the comparisons run in C and each token is compared O(1) times on average."""
+    lo, n = 0, min(len(a), len(b))
+    step = 64
+    while lo < n:               # a[:lo] == b[:lo] holds
+        hi = min(n, lo + step)
+        if a[lo:hi] == b[lo:hi]:
+            lo, step = hi, step * 2
+        elif step == 1:
+            return lo
+        else:
+            step //= 2
+    return lo
 
 
 class Scheduler:
@@ -220,6 +243,9 @@ class Scheduler:
                 except Exception:
                     cache.release(kv)
                     raise
+            if cache is not None and self._shares_work(seq, cached):
+                cache.release(kv)
+                continue
             if not self._can_admit(seq, kv) and kv.keep_swa:
                 kv.keep_swa = frozenset()   # too tight to hold retention windows: run anyway
             if not self._can_admit(seq, kv):
@@ -243,6 +269,19 @@ class Scheduler:
                 out.append(self._chunk(seq, n))
                 budget -= n
         return out
+
+    def _shares_work(self, seq: Sequence, cached: int) -> bool:
+        """Whether a running request still prefilling will compute at least one page of
+        `seq`'s prefill beyond its `cached` tokens (the in-flight rule above)."""
+        P = self.pool.page_size
+        ids = seq.all_ids[:seq.prefill_end]
+        for r in self.running:
+            if not r.in_prefill or r.cache_namespace != seq.cache_namespace:
+                continue
+            shared = _common_prefix(ids, r.all_ids[:r.prefill_end]) // P * P
+            if shared - max(cached, r.num_computed) >= P:
+                return True
+        return False
 
     def _prefill_tokens(self, seq: Sequence, budget: int) -> int:
         """This step's prefill chunk for `seq`, from the prefill step, within the pages free

@@ -22,41 +22,59 @@ def _tokens(n, seed=0):
     return [rng.randrange(3, 100) for _ in range(n)]
 
 
+def _arrives_when(h, x, computed, prompt, max_tokens):
+    """Add `prompt` once `x` has computed `computed` tokens. A request that shares a prefix
+    with one still prefilling it waits while a whole page of it is left to compute (the
+    scheduler's in-flight rule), so an overlap needs an arrival within the last page."""
+    h.run(until=lambda: x.num_computed >= computed)
+    assert x.num_computed == computed
+    return h.add(prompt, max_tokens=max_tokens)
+
+
+def _recording_adopt(h):
+    adopted = []
+    adopt = h.pool.adopt
+    h.pool.adopt = lambda seq, full, swa: (adopted.append((dict(full), dict(swa))),
+                                           adopt(seq, full, swa))
+    return adopted
+
+
 def test_sync_after_another_request_cached_further_locks_a_window_safe_node():
-    """X prefills slowly while Y caches the same tokens further on (windows only at its own
-    checkpoints). X's next sync matches Y's path, where the window before X's chunk end was
-    never kept: a rebuild match, whose window cannot be locked. It locks a plain
-    window-safe node instead, and adopts Y's copy of what it recomputed."""
-    slow = SlowFor(2)
+    """X prefills slowly; Y, sharing X's prompt and going further, arrives with less than a
+    page of it left for X, so both compute that page in one step and Y caches on past it
+    (windows only at its own checkpoints). Each sync then matches the other's path, where a
+    window may never have been kept: a rebuild match, whose window cannot be locked. Sync
+    locks a plain window-safe node instead, and the later one adopts the earlier one's copy
+    of the page both computed. (Before the in-flight rule Y arrived long before X was done
+    and this raised "locking a window that is not live".)"""
+    slow = SlowFor(1)
     h = Harness(prefill=slow, chunk=40)
+    adopted = _recording_adopt(h)
     T = _tokens(64)
     x = h.add(T[:48] + [5, 6], max_tokens=4)
     slow.slow.add(x.id)
-    h.step()                        # X starts with nothing cached
-    y = h.add(T, max_tokens=1)
-    h.run(until=lambda: y.finish_reason is not None)
-    assert x.num_computed < 20
-    h.run()                         # raised "locking a window that is not live" before
+    y = _arrives_when(h, x, 47, T, 3)       # Y recomputes from X's last page on
+    h.step()
+    assert x.in_prefill and not y.in_prefill
+    h.run()
     assert x.finish_reason == "length"
+    assert adopted and any(full for full, _ in adopted)
     h.check()
     assert h.pool.full.allocator.num_in_use == 0
 
 
 def test_a_request_that_recomputed_cached_tokens_pins_only_pages_in_its_table():
-    """X recomputes tokens Y cached meanwhile. When X's lock moves onto Y's nodes, X adopts
-    Y's pages (freeing its duplicates), so the lock pins only pages in X's own table, none
-    that admission had counted as evictable (the harness checks the rule after every step)."""
-    slow = SlowFor(4)
+    """Y recomputes a page X cached in the same step. When Y's lock moves onto X's nodes, Y
+    adopts X's pages (freeing its duplicates), so the lock pins only pages in Y's own table,
+    none that admission had counted as evictable (the harness checks the rule after every
+    step)."""
+    slow = SlowFor(1)
     h = Harness(prefill=slow, chunk=40, rebuild=False)
-    adopted = []
-    adopt = h.pool.adopt
-    h.pool.adopt = lambda seq, full, swa: (adopted.append((dict(full), dict(swa))),
-                                           adopt(seq, full, swa))
+    adopted = _recording_adopt(h)
     T = _tokens(60, seed=1)
     x = h.add(T[:56] + [7], max_tokens=3)
     slow.slow.add(x.id)
-    h.step()
-    y = h.add(T, max_tokens=1)
+    y = _arrives_when(h, x, 55, T, 3)
     h.run()
     assert x.finish_reason == "length" and y.finish_reason == "length"
     assert adopted and any(full for full, _ in adopted)

@@ -264,3 +264,45 @@ def test_the_full_kv_layout_schedules_the_same_tokens():
     prompts = _prompts(8)
     seqs, _, _ = _drain(Harness(hybrid=False, chunk=16), prompts)
     assert [s.output_ids for s in seqs] == _expected(prompts)
+
+
+def test_a_request_sharing_a_prefix_in_flight_waits_for_it_and_reuses_it():
+    # Page 8, window 16: the first request's prompt ends 5 tokens past the 96 shared ones, so
+    # the window before the shared end is still held when the second is admitted.
+    h = Harness(window=16, page=8, chunk=128, full_pages=400, swa_pages=200)
+    common = _tokens(96, 3)
+    first = h.add(common + _tokens(5, 4), 3)
+    second = h.add(common + _tokens(9, 5), 3)
+    other = h.add(_tokens(20, 6), 3)        # shares nothing
+    h.step()
+    assert h.sched.running == [first, other]    # the second passed over, not blocking
+    h.step()
+    assert second in h.sched.running and second.cached_tokens == 96
+    h.run()
+    assert h.prefill_tokens == 101 + 9 + 20     # the shared pages computed once
+    for s in (first, second, other):
+        assert s.output_ids == continuation(s.prompt_ids, 3)
+    h.check_idle()
+
+
+def test_a_request_is_held_only_while_a_page_of_its_prefix_is_still_to_compute():
+    h = Harness(window=16, page=8, chunk=128, full_pages=400, swa_pages=200)
+    a = h.add(_tokens(5, 1) + _tokens(40, 2), 2)
+    b = h.add(_tokens(5, 1) + _tokens(40, 3), 2)    # 5 shared tokens: under a page
+    h.step()
+    assert h.sched.running == [a, b]
+    h.run()
+    h = Harness(window=16, page=8, chunk=16, full_pages=400, swa_pages=200)
+    long = _tokens(40, 7)
+    c = h.add(long + [5], 2)
+    h.step()
+    d = h.add(long + [6, 6], 2)             # shares 40 tokens, 16 of them computed
+    while d not in h.sched.running:
+        computed = c.num_computed
+        h.step()
+        assert (d in h.sched.running) == (computed >= 40)
+    h.run()
+    assert d.cached_tokens == 40
+    for s in (c, d):
+        assert s.output_ids == continuation(s.prompt_ids, 2)
+    h.check_idle()
