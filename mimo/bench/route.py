@@ -4,9 +4,9 @@ For every workload, each router gets fresh workers (`server.py --router-redis`, 
 caches) and a fresh Redis; the workload is streamed through it and every request's worker,
 usage and TTFT recorded. The reference is one worker with all the workers' memory, no router.
 Workloads: `shared` (sessions x turns sharing one system prompt), `distinct` (each session
-its own), `trace` (the Mooncake conversation trace's first multi-turn conversations, lengths
-scaled by --block-tokens / 512, arrivals spread over --trace-duration, token-id prompts
-through /v1/completions).
+its own), `trace` (every k-th multi-turn conversation of the Mooncake conversation trace,
+lengths scaled by --block-tokens / 512, arrivals spread over --trace-duration, prompts through
+/v1/completions as text whose words are one token each, or as token ids).
 Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity), mimo
 (cache-aware), and, when installed (--sglang-router / --vllm-router, or on PATH),
 sglang-router and vllm-router in cache_aware mode; with those the whole bench runs inside a
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import shlex
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from . import add_trace_arg, route_netns
-from .route_load import conversations, log, run_sessions, run_trace, sessions
+from .route_load import WORDS, conversations, log, run_sessions, run_trace, sessions
 from .router_process import RouterProcess, WorkerProcess, start_all
 
 NAME = "route"
@@ -60,10 +61,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--system-words", type=int, default=120)
     p.add_argument("--user-words", type=int, default=30)
+    p.add_argument("--session-gap", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between session starts, as users arrive (0: every session's "
+                        "first, cold turn at once: a burst that no router can shorten, which "
+                        "then sets every router's TTFT p90)")
     p.add_argument("--max-tokens", type=int, default=12)
     p.add_argument("--trace-requests", type=int, default=200,
-                   help="requests of the trace's first multi-turn conversations replayed")
-    p.add_argument("--trace-duration", type=float, default=60.0,
+                   help="about this many requests replayed: every k-th multi-turn "
+                        "conversation of the trace, k chosen to give them")
+    p.add_argument("--trace-duration", type=float, default=180.0,
                    help="seconds the replayed slice's arrivals are spread over")
     p.add_argument("--block-tokens", type=int, default=16,
                    help="tokens per 512-token trace block (the length scale)")
@@ -74,12 +80,20 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--worker-args", default="", metavar="FLAGS",
                    help="extra server.py flags for every worker and the reference (one "
                         "string, e.g. --worker-args=\"--swa-share 0.6\")")
+    p.add_argument("--router-args", default="", metavar="FLAGS",
+                   help="extra mimo.router flags for mimo's router (one string, e.g. "
+                        "--router-args=\"--match-weight 2\")")
     p.add_argument("--worker-nice", type=int, default=5,
                    help="niceness of the worker processes: on a machine with fewer cores than "
                         "workers, the router and the clients (a deployment gives the router "
                         "its own core) are not starved by the workers' compute (0: off)")
     p.add_argument("--start-timeout", type=float, default=180.0, metavar="SECONDS",
                    help="longest a worker or router may take to answer /health at start")
+    p.add_argument("--trace-prompts", choices=("text", "ids"), default="text",
+                   help="trace prompts as text (each synthetic token one of a few words "
+                        "that the tokenizer keeps as one token each, so shared blocks stay "
+                        "shared tokens: every router takes them) or as token-id arrays "
+                        "(sglang-router 0.3.2 answers those with HTTP 422)")
     p.add_argument("--max-prompt", type=int, default=3500,
                    help="trace prompts are cut to this many tokens (the model's context)")
     p.add_argument("--records", default=None,
@@ -151,7 +165,7 @@ def _workload(args, name: str, tok_dir: str):
     if name in ("shared", "distinct"):
         convs = sessions(args.sessions, args.turns, name == "shared", args.system_words,
                          args.user_words)
-        return lambda url: run_sessions(url, tok_dir, convs, args.max_tokens)
+        return lambda url: run_sessions(url, tok_dir, convs, args.max_tokens, args.session_gap)
     from ..kvcache.cache_sim import load_trace
     from .serve import build_requests
     rows, parents = conversations(load_trace(args.trace), args.trace_requests)
@@ -161,6 +175,8 @@ def _workload(args, name: str, tok_dir: str):
                           args.trace_duration / span, vocab)
     for r in reqs:
         del r["prompt"][args.max_prompt:]
+        if args.trace_prompts == "text":
+            r["prompt"] = " ".join(WORDS[t % len(WORDS)] for t in r["prompt"])
     return lambda url: run_trace(url, tok_dir, reqs, parents)
 
 
@@ -189,6 +205,8 @@ def _one_run(args, model: str, work, router: str | None) -> dict:
         elif router is not None:
             rflags = ["--model", model, "--redis", redis.url, "--health-interval", "0.5",
                       "--policy", "round-robin" if router == "round-robin" else "cache-aware"]
+            if router == "mimo":
+                rflags += shlex.split(args.router_args)
             for w in ws:
                 rflags += ["--worker", w.url]
             rt = RouterProcess(rflags, args.start_timeout)
@@ -245,7 +263,9 @@ def measure(args) -> dict:
     routers = [r for r in args.routers.split(",")
                if r and (r not in route_netns.THIRD_PARTY or r in args.third_party_exe)]
     out: dict = {"model": args.model, "workers": args.workers,
-                 "worker_args": args.worker_args, "results": {}}
+                 "worker_args": args.worker_args, "session_gap": args.session_gap,
+                 "trace_prompts": args.trace_prompts, "router_args": args.router_args,
+                 "results": {}}
     for wl in [w for w in args.workloads.split(",") if w]:
         if wl not in WORKLOADS:
             raise SystemExit(f"unknown workload {wl!r} (choose from {', '.join(WORKLOADS)})")
@@ -347,6 +367,9 @@ def plot(res: dict, path: str) -> None:
 
 
 def run(args) -> int:
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Before the workers run, not after half an hour of them.
+        raise SystemExit("--plot needs matplotlib (pip install -e '.[bench]')")
     third: dict[str, dict] = {}
     exe: dict[str, str] = {}
     for r in [r for r in args.routers.split(",") if r in route_netns.THIRD_PARTY]:

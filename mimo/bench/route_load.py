@@ -60,10 +60,12 @@ def trace_parents(rows) -> list[int | None]:
 
 
 def conversations(rows, n: int) -> tuple[list[dict], list[int | None]]:
-    """The first conversations of the trace (chains of requests that continue one another)
-    until they hold n requests: (their rows in time order, each one's parent index among
-    them). A time slice of the trace would hold few continuations: its turns are minutes
-    apart."""
+    """About n requests of the trace's conversations (chains of requests that continue one
+    another), every k-th conversation in order of their first requests so that their
+    starts spread over the whole trace as its users arrived: (their rows in time order, each
+    one's parent index among them). A time slice of the trace would hold few continuations
+    (its turns are minutes apart); the first conversations alone would start within the
+    trace's first minutes, a burst once the hour they span is scaled to --trace-duration."""
     parents = trace_parents(rows)
     root: list[int] = []
     for j, p in enumerate(parents):
@@ -71,11 +73,11 @@ def conversations(rows, n: int) -> tuple[list[dict], list[int | None]]:
     members: dict[int, list[int]] = {}
     for j, r in enumerate(root):
         members.setdefault(r, []).append(j)
+    chains = [members[r] for r in sorted(members) if len(members[r]) >= 2]
+    stride = max(1, sum(map(len, chains)) // max(n, 1))
     chosen: list[int] = []
-    for r in sorted(members):
-        if len(members[r]) < 2:
-            continue
-        chosen.extend(members[r])
+    for c in chains[::stride]:
+        chosen.extend(c)
         if len(chosen) >= n:
             break
     chosen.sort()
@@ -112,11 +114,15 @@ async def _stream(client, url: str, path: str, body: dict, rec: dict) -> str:
     return "".join(text)
 
 
-async def run_sessions(url: str, model: str, convs: list[dict], max_tokens: int) -> list[dict]:
+async def run_sessions(url: str, model: str, convs: list[dict], max_tokens: int,
+                       gap: float = 0.0) -> list[dict]:
+    """Closed loop: each session sends its next turn when the last one's answer is in;
+    session i starts `gap` * i seconds after the first."""
     import httpx
     recs: list[dict] = []
 
     async def one(client, i, conv):
+        await asyncio.sleep(gap * i)
         msgs = [{"role": "system", "content": conv["system"]}]
         for t, user in enumerate(conv["users"]):
             msgs.append({"role": "user", "content": user})
