@@ -69,10 +69,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """The length of a's and b's common prefix: doubling then bisecting on slice equality,
-    so the comparisons run in C and each token is compared O(1) times on average."""
-    lo, n = 0, min(len(a), len(b))
+def _common_prefix(a: list[int], b: list[int], n: int) -> int:
+    """The length of a[:n]'s and b[:n]'s common prefix: doubling then bisecting on slice
+    equality, so the comparisons run in C and each token is compared O(1) times on average
+    (and neither list is copied whole)."""
+    lo, n = 0, min(n, len(a), len(b))
     step = 64
     while lo < n:               # a[:lo] == b[:lo] holds
         hi = min(n, lo + step)
@@ -274,11 +275,12 @@ class Scheduler:
         """Whether a running request still prefilling will compute at least one page of
         `seq`'s prefill beyond its `cached` tokens (the in-flight rule above)."""
         P = self.pool.page_size
-        ids = seq.all_ids[:seq.prefill_end]
+        ids = seq.all_ids
         for r in self.running:
             if not r.in_prefill or r.cache_namespace != seq.cache_namespace:
                 continue
-            shared = _common_prefix(ids, r.all_ids[:r.prefill_end]) // P * P
+            end = min(seq.prefill_end, r.prefill_end)
+            shared = _common_prefix(ids, r.all_ids, end) // P * P
             if shared - max(cached, r.num_computed) >= P:
                 return True
         return False
