@@ -17,6 +17,7 @@ class RouterConfig:
     model: str | None = "gemma-3-270m"  # the workers' model, for its tokenizer and template
     image_max_pixels: int | None = None  # the workers' --image-max-pixels (media prompts' keys)
     match_weight: float = 1.0
+    continuation_weight: float = 2.0    # on top, for a request continuing one on the worker
     l2_credit: float = 0.8              # a page a worker's host tier holds, vs its tree's 1
     l3_credit: float = 0.5              # a page the shared store holds (every worker on it)
     load_token_unit: int = 4096         # heartbeat uncached tokens per unit of load
@@ -33,6 +34,8 @@ class RouterConfig:
             raise ConfigError(f"policy must be cache-aware or round-robin, not {self.policy!r}")
         if not (0 <= self.l2_credit <= 1 and 0 <= self.l3_credit <= 1):
             raise ConfigError("l2_credit and l3_credit must lie in [0, 1]")
+        if not (self.match_weight >= 0 and self.continuation_weight >= 0):
+            raise ConfigError("match_weight and continuation_weight must be >= 0")
         if self.image_max_pixels is not None and self.image_max_pixels <= 0:
             raise ConfigError("image_max_pixels must be > 0")
         if self.retries < 0 or self.fallback_pages < 1 or self.load_token_unit < 1:
@@ -73,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight of the predicted cached fraction against normalized load "
                         "(default 1: a worker with one mean load + 1 more requests in "
                         "flight than another must hold the whole prompt more to win)")
+    p.add_argument("--continuation-weight", type=float, default=2.0, metavar="W",
+                   help="further weight of the fraction on a worker where the request "
+                        "continues an earlier one (its prompt runs through that one's end, "
+                        "marked for 5 minutes): a conversation's history is recomputed in "
+                        "full elsewhere, while a merely shared prefix (a system prompt) is "
+                        "worth copying to a less loaded worker (default 2; 1: off)")
     p.add_argument("--l2-credit", type=float, default=0.8, metavar="W",
                    help="credit of a prompt page the worker holds in its host-memory tier "
                         "(L2), against 1 for one in its device cache: loading it costs a "
@@ -109,7 +118,7 @@ def router_config(a: argparse.Namespace) -> RouterConfig:
     extra = {"router_id": a.router_id} if a.router_id else {}
     return RouterConfig(workers=tuple(w.rstrip("/") for w in a.worker), redis=a.redis,
                         host=a.host, port=a.port, model=a.model, image_max_pixels=a.image_max_pixels,
-                        match_weight=a.match_weight,
+                        match_weight=a.match_weight, continuation_weight=a.continuation_weight,
                         l2_credit=a.l2_credit, l3_credit=a.l3_credit,
                         load_token_unit=a.load_token_unit, health_interval=a.health_interval,
                         retries=a.retries, fallback_pages=a.fallback_pages,

@@ -24,6 +24,13 @@ one, and a worker twice as loaded as the mean loses a full match's worth). Ties 
 lower load, then to rendezvous hashing of the prompt's first page key, so replicas that read
 the same state pick the same worker.
 
+A request that continues an earlier one on a worker (its prompt runs through that prompt's
+end: a conversation's next turn, an agent's next step) has its fraction there weighed by
+`continuation_weight` as well. Its history is private: sent elsewhere, it is recomputed in
+full and leaves a copy no other request reuses. A prefix that requests merely share (a
+system prompt) is worth copying to a less loaded worker, where the sessions placed later
+reuse it; weighing it as much would pile new sessions onto the first workers that hold it.
+
 Without Redis: rendezvous hashing of the first `fallback_pages` page keys over the healthy
 workers, bounded by load (a worker with more than 1.25 x the mean + 1 of this router's
 in-flight requests is skipped), so a session keeps landing on one worker while no state
@@ -122,6 +129,7 @@ class Candidate:
     url: str
     predicted: float    # tokens credited (`Prediction.credit`)
     load: float
+    continues: bool = False     # the prompt continues an earlier request on this worker
 
 
 @dataclass(frozen=True)
@@ -133,13 +141,14 @@ class Choice:
 
 
 def choose(cands: Sequence[Candidate], prompt_len: int, match_weight: float,
-           tie_key: bytes) -> Choice:
+           tie_key: bytes, continuation_weight: float = 1.0) -> Choice:
     mean = sum(c.load for c in cands) / len(cands)
     order = {w: i for i, w in enumerate(rendezvous(tie_key, [c.url for c in cands]))}
 
     def score(c: Candidate) -> float:
         frac = c.predicted / prompt_len if prompt_len else 0.0
-        return match_weight * frac - c.load / (mean + 1.0)
+        weight = match_weight * (continuation_weight if c.continues else 1.0)
+        return weight * frac - c.load / (mean + 1.0)
     best = min(cands, key=lambda c: (-round(score(c), 9), c.load, order[c.url]))
     return Choice(best.url, best.predicted, score(best), "score")
 

@@ -29,6 +29,9 @@ from .state import RouterState, StateUnavailable
 log = logging.getLogger("mimo.router")
 
 PENDING_MS = 30_000     # how long an in-flight request's pages count before the worker's own
+# How long a prompt's end marks a later request through it as its continuation (the score's
+# `continuation_weight`): a conversation's next turn, an agent's next step.
+CONTINUE_MS = 300_000
 HASH_PAGE = 16      # tokens per page of the fallback's key (no heartbeat tells the real one)
 
 
@@ -173,10 +176,12 @@ class Router:
         all reading the same state and piling onto one worker."""
         d = await self.decide_prompt(prompt, exclude)
         if d.pending is not None:         # seen by this replica's next decision at once
-            until = time.monotonic() + PENDING_MS / 1000
-            mine = self._pending.setdefault(d.pending.incarnation, ({}, {}, {}))
-            for part, keys in zip(mine, (d.pending.full, d.pending.swa, [d.pending.end])):
-                part.update(dict.fromkeys(keys, until))
+            now = time.monotonic()
+            until, end_until = now + PENDING_MS / 1000, now + CONTINUE_MS / 1000
+            full, swa, ends = self._pending.setdefault(d.pending.incarnation, ({}, {}, {}))
+            full.update(dict.fromkeys(d.pending.full, until))
+            swa.update(dict.fromkeys(d.pending.swa, until))
+            ends[d.pending.end] = end_until
         self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
         self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
         # The shared copies are written behind the request's back: this replica's next
@@ -194,7 +199,8 @@ class Router:
     async def _mark(self, p: Pending) -> None:
         assert self.state is not None
         try:
-            await self.state.mark_pending(p.incarnation, p.full, p.swa, p.end, PENDING_MS)
+            await self.state.mark_pending(p.incarnation, p.full, p.swa, p.end, PENDING_MS,
+                                          CONTINUE_MS)
         except StateUnavailable:
             self._count_redis_errors()
 
@@ -275,7 +281,7 @@ class Router:
         cands, expect = [], {}
         for w in live:
             hb = snap.heartbeats.get(w)
-            credit = 0.0
+            credit, cont = 0.0, False
             if hb is not None and w in pages:
                 h = pages[w]
                 full_p, swa_p, cont = h.full_p, h.swa_p, h.cont
@@ -290,12 +296,13 @@ class Router:
                 credit = expect[w].credit if cont else self._predict(hb, h, h.full, h.swa).credit
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
             flight = snap.inflight.get(w, 0) + self.inflight.get(w, 0)
-            cands.append(policy.Candidate(w, credit, flight + queued))
+            cands.append(policy.Candidate(w, credit, flight + queued, cont))
         # The score credits what workers hold, and what requests in flight will leave only
         # for a request that continues one of them (a next turn sent before the last one
         # ended): a prefix they merely share (a system prompt's first wave) must not pull
         # every new session after it, or they pile up there. The prediction counts it all.
-        c = policy.choose(cands, len(ids), self.cfg.match_weight, tie)
+        c = policy.choose(cands, len(ids), self.cfg.match_weight, tie,
+                          self.cfg.continuation_weight)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %d tokens -> %s %s", len(ids), c.url,
                       [(x.url[-5:], x.predicted, round(x.load, 2)) for x in cands])

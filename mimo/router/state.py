@@ -179,18 +179,20 @@ class RouterState:
         return snap, pages
 
     async def mark_pending(self, incarnation: str, full: list[bytes], swa: list[bytes],
-                           end: bytes, ttl_ms: int) -> None:
-        """Pages a request now in flight will leave cached on the worker, and its prompt's
-        last page key (a later request through it continues this one), for `ttl_ms`."""
+                           end: bytes, ttl_ms: int, end_ttl_ms: int) -> None:
+        """Pages a request now in flight will leave cached on the worker, for `ttl_ms`, and
+        its prompt's last page key (a later request through it continues this one), for
+        `end_ttl_ms`."""
         async def go():
-            until = int(time.time() * 1000) + ttl_ms
+            now = int(time.time() * 1000)
             pipe = self.client.pipeline(transaction=False)
-            for kind, keys in ((FULL, full), (SWA, swa), (END, [end])):
+            for kind, keys, ttl in ((FULL, full, ttl_ms), (SWA, swa, ttl_ms),
+                                    (END, [end], end_ttl_ms)):
                 if keys:
-                    name = ce.pending_key(incarnation, kind)
+                    name, until = ce.pending_key(incarnation, kind), now + ttl
                     pipe.zadd(name, {k: until for k in keys})
-                    pipe.zremrangebyscore(name, "-inf", until - 2 * ttl_ms)
-                    pipe.pexpire(name, 2 * ttl_ms)
+                    pipe.zremrangebyscore(name, "-inf", until - 2 * ttl)
+                    pipe.pexpire(name, 2 * ttl)
             await pipe.execute()
         await self._run("pending", go())
 
