@@ -292,13 +292,13 @@ class Router:
                     swa_p = [a or mine[1].get(k, 0) > now for a, k in zip(swa_p, keys)]
                     cont = cont or any(mine[2].get(k, 0) > now for k in keys)
                 expect[w] = self._predict(hb, h, full_p, swa_p)
-                # it continues a request in flight there: follow it
+                # it continues a request routed there (in flight or done): follow it
                 credit = expect[w].credit if cont else self._predict(hb, h, h.full, h.swa).credit
             queued = hb.uncached_tokens / self.cfg.load_token_unit if hb is not None else 0.0
             flight = snap.inflight.get(w, 0) + self.inflight.get(w, 0)
             cands.append(policy.Candidate(w, credit, flight + queued, cont))
         # The score credits what workers hold, and what requests in flight will leave only
-        # for a request that continues one of them (a next turn sent before the last one
+        # for a request that continues one (a next turn, sent before or after the last one
         # ended): a prefix they merely share (a system prompt's first wave) must not pull
         # every new session after it, or they pile up there. The prediction counts it all.
         c = policy.choose(cands, len(ids), self.cfg.match_weight, tie,

@@ -26,7 +26,7 @@ from ..kvcache.tiers.keys import FULL, SWA
 # A router's in-flight counts outlive it by this much (a killed router's requests weigh on
 # their workers' load until then); renewed every health interval, so at least 3 of those.
 ROUTER_TTL_MS = 3_000
-END = "e"      # pending kind: the last page key of an in-flight request's prompt
+END = "e"      # pending kind: the last page key of a routed prompt (kept CONTINUE_MS)
 
 
 class StateUnavailable(Exception):
@@ -61,8 +61,8 @@ class Heartbeat:
 class Held:
     """Which of a prompt's page keys one worker can serve, page by page: its tree's (full KV
     held, SWA live), the same with the pages requests in flight there will leave, whether the
-    prompt continues one of those, and its host tier's and shared store's (None: no such
-    tier)."""
+    prompt continues a request routed there (runs through its prompt's end), and its host
+    tier's and shared store's (None: no such tier)."""
     full: list[bool]
     swa: list[bool]
     full_p: list[bool]

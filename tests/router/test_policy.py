@@ -29,9 +29,9 @@ def test_a_continuation_follows_its_history_onto_a_busier_worker():
     assert choose(cands(True), 600, 1.0, b"t", continuation_weight=1.0).url != A
 
 
-def _plain(cands, prompt_len, mw, cw, tie):
+def _plain(cands, prompt_len, mw, cw):
     """The report's score restated: mw (x cw where the request continues) x fraction -
-    load / (mean load + 1); the highest wins, ties to the lower load, then to `tie`'s order."""
+    load / (mean load + 1); the highest wins, ties to the lower load (the workers left)."""
     mean = sum(c.load for c in cands) / len(cands)
     scored = [((mw * (cw if c.continues else 1.0)) * c.predicted / prompt_len
                - c.load / (mean + 1.0), c) for c in cands]
@@ -56,7 +56,7 @@ def test_choose_agrees_with_the_plain_formula_on_random_candidates():
         cands = _random_cands(rnd, n, 0.3)
         mw, cw = rnd.choice([1.0, 0.5, 2.0]), rnd.choice([1.0, 2.0, 3.5])
         got = choose(cands, n, mw, b"x%d" % n, cw)
-        urls, top = _plain(cands, n, mw, cw, b"x")
+        urls, top = _plain(cands, n, mw, cw)
         assert got.url in urls, (cands, got)
         assert round(got.score, 9) == top
 
