@@ -40,7 +40,8 @@ def _replay(routers, model, sessions: int, turns: int):
             total += 1
             resp, w = chat_raw(routers[k % len(routers)], model, msgs, max_tokens=4)
             k += 1
-            assert w == ds[0]["worker"], (k, t, i, ds)
+            served_by = (k - 1) % len(routers)
+            assert w == ds[0]["worker"], ("turn", t, "session", i, "router", served_by, ds)
             log.append((i, t, w, ds[0]["predicted_cached_tokens"],
                         resp.usage.prompt_tokens_details.cached_tokens))
             msgs.append({"role": "assistant", "content": resp.choices[0].message.content})
