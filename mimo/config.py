@@ -422,6 +422,22 @@ class EngineConfig:
     tiers: TierConfig = field(default_factory=TierConfig)
 
 
+def check_responses_store(url: str | None) -> None:
+    """ConfigError unless `url` names a responses store: memory:// (None: the same) or
+    redis://HOST[:PORT][/DB] (rediss:// with TLS)."""
+    if url is None or url == "memory://":
+        return
+    from urllib.parse import urlparse
+    u = urlparse(url)
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise ConfigError(f"responses store must be memory:// or redis://HOST:PORT[/DB] "
+                          f"(or rediss://), got {url!r}")
+    try:
+        _ = u.port
+    except ValueError:
+        raise ConfigError(f"responses store URL has a bad port: {url!r}") from None
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     """The HTTP front: where it listens, who may call it, how much it accepts."""
@@ -444,6 +460,9 @@ class ServerConfig:
     router_redis: str | None = None          # redis://... or redis-cluster://...; None: off
     advertise_url: str | None = None         # this server as routers reach it (default: host:port)
     router_heartbeat: float = 0.5            # seconds between heartbeats (TTL: 6 of them)
+    # ---- /v1/responses: where finished responses are kept for previous_response_id
+    responses_store: str | None = None       # None / memory://: this process; redis://...: shared
+    responses_ttl: float = 86400.0           # seconds a stored response lives
 
     def __post_init__(self):
         if not self.body_read_timeout > 0:
@@ -462,3 +481,6 @@ class ServerConfig:
             raise ConfigError(f"encoder_workers must be >= 1, not {self.encoder_workers}")
         if not self.router_heartbeat > 0:
             raise ConfigError("router_heartbeat must be > 0")
+        if not self.responses_ttl >= 1:
+            raise ConfigError("responses_ttl must be >= 1 second")
+        check_responses_store(self.responses_store)

@@ -181,6 +181,14 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--router-heartbeat", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between heartbeats; a worker silent for 6 of them leaves "
                         "the routing set (default 0.5)")
+    rs = p.add_argument_group("responses (/v1/responses)")
+    rs.add_argument("--responses-store", default=None, metavar="URL",
+                    help="where stored responses live for previous_response_id, retrieve and "
+                         "input_items: memory:// (default: this process only) or "
+                         "redis://HOST:PORT[/DB] (every replica sharing it continues any "
+                         "chain)")
+    rs.add_argument("--responses-ttl", type=float, default=86400.0, metavar="SECONDS",
+                    help="how long a stored response lives (default 86400: one day)")
 
 
 def server_config(a: argparse.Namespace) -> ServerConfig:
@@ -196,4 +204,5 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         default_max_tokens=a.default_max_tokens,
                         # ---- router (issue 17)
                         router_redis=a.router_redis, advertise_url=a.advertise_url,
-                        router_heartbeat=a.router_heartbeat)
+                        router_heartbeat=a.router_heartbeat,
+                        responses_store=a.responses_store, responses_ttl=a.responses_ttl)

@@ -36,6 +36,7 @@ from .errors import (
 from .fields import kind_of
 from .metrics import Metrics
 from .responder import ClientGone, Responder, Run, unless_disconnected
+from .responses import ResponsesAPI, open_store
 
 # The fields of a chat body that change its rendered prompt besides `messages` (/tokenize).
 _TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
@@ -65,6 +66,7 @@ class Server:
             f"{self.model_name}|{rt.dtype}|{rt.device}|{eng.config.spec.speculative}".encode()
         ).hexdigest()[:12]
         self.responder = Responder(self)
+        self.responses = ResponsesAPI(self, open_store(cfg.responses_store, cfg.responses_ttl))
         self.publisher = None       # cache state for the router (issue 17)
         if cfg.router_redis:
             from ..engine.cache_publisher import CachePublisher
@@ -239,6 +241,7 @@ def build_app(server: Server) -> Starlette:
         finally:
             if server.publisher is not None:
                 await server.publisher.stop()
+            await server.responses.close()
             await server.pipeline.close(timeout=1.0)
             await server.engine.stop()
 
@@ -257,6 +260,11 @@ def build_app(server: Server) -> Starlette:
         Route("/v1/completions", server.completions, methods=["POST"]),
         Route("/tokenize", server.tokenize, methods=["POST"]),
         Route("/detokenize", server.detokenize, methods=["POST"]),
+        Route("/v1/responses", server.responses.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", server.responses.retrieve, methods=["GET"]),
+        Route("/v1/responses/{response_id}", server.responses.delete, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", server.responses.input_items,
+              methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={404: not_found, 405: method_not_allowed})
