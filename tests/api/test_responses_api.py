@@ -211,3 +211,31 @@ def test_input_items_pages(client):
     assert [i.content[0].text for i in page.data] == ["m0", "m1"] and page.has_more
     rest = client.responses.input_items.list(r.id, order="asc", after=page.data[-1].id)
     assert [i.content[0].text for i in rest.data] == ["m2", "m3", "m4"] and not rest.has_more
+
+
+def _aborted(server) -> float:
+    text = httpx.get(server.url + "/metrics", headers=AUTH, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith('mimo_requests_total{endpoint="responses",status="499"}'))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_client_that_goes_away_frees_its_kv_and_stores_nothing(server, stream):
+    import time
+    before = _aborted(server)
+    b = {"model": MODEL, "input": "Write a long story.", "max_output_tokens": 2000,
+         "temperature": 0, "stream": stream}
+    if stream:
+        with httpx.stream("POST", server.url + "/v1/responses", json=b, headers=AUTH,
+                          timeout=60) as r:
+            for line in r.iter_lines():
+                if '"response.output_text.delta"' in line:
+                    break       # generation is running: leave
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(server.url + "/v1/responses", json=b, headers=AUTH, timeout=3)
+    deadline = time.time() + 30
+    while _aborted(server) < before + 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _aborted(server) == before + 1
+    server.assert_pools_idle(timeout=10)

@@ -241,7 +241,7 @@ class _Turn:
 
     def _done(self, status: str | None) -> None:
         s = self.api.s
-        if status is None:              # cancelled: the client went away
+        if status is None:              # cancelled: the client went away mid-stream
             s.metrics.aborted.labels(EP).inc()
             status = "499"
         s.responder._account(self.run.req)
@@ -263,7 +263,10 @@ class _Turn:
             return r
         finally:
             await self.run.stream.aclose()
-            self._done(status)
+            if status is None:      # cancelled: the caller answers it as abandoned
+                self.api.s.responder._account(self.run.req)
+            else:
+                self._done(status)
 
     async def events(self):
         seq = 0
