@@ -1,12 +1,14 @@
 """`response_format` -> the grammar the output is constrained to: `text` (none),
 `json_object` (any JSON object) or `json_schema` ({"name", "schema", "strict",
 "description"}: the schema, enforced whether or not `strict` is set, since grammar-constrained
-decoding costs nothing extra). Errors name `response_format`."""
+decoding costs nothing extra; objects are closed where `additionalProperties` is unsaid either
+way: mimo.structured.schema). Errors name `response_format`."""
 from __future__ import annotations
 
 import re
 
 from ..structured.request import GrammarRequest
+from ..structured.schema import closed
 from .errors import bad_request
 from .fields import kind_of
 
@@ -44,31 +46,7 @@ def parse_response_format(body: dict) -> tuple[GrammarRequest | None, str | None
         raise bad_request(f"'{P}.json_schema.strict' must be a boolean", P)
     if "description" in js and not isinstance(js["description"], (str, type(None))):
         raise bad_request(f"'{P}.json_schema.description' must be a string", P)
-    if js.get("strict"):
-        schema = closed(schema)
     return GrammarRequest("json_schema", schema, name), t
 
 
-_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-_SUBS = ("items", "additionalItems", "not", "if", "then", "else", "contains")
-_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-
-
-def closed(schema):
-    """OpenAI's strict mode: objects take no properties beyond those listed (where the
-    schema leaves `additionalProperties` unsaid)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for k in _MAPS:
-        if isinstance(out.get(k), dict):
-            out[k] = {name: closed(v) for name, v in out[k].items()}
-    for k in _SUBS:
-        if isinstance(out.get(k), dict):
-            out[k] = closed(out[k])
-    for k in _LISTS:
-        if isinstance(out.get(k), list):
-            out[k] = [closed(v) for v in out[k]]
-    if out.get("type") == "object" or "properties" in out:
-        out.setdefault("additionalProperties", False)
-    return out
+__all__ = ["closed", "parse_response_format"]

@@ -7,11 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .matcher import TokenMatcher
-
-# Compact JSON: no free whitespace. A base model given free whitespace can emit newlines
-# forever inside a valid prefix; without it every token advances the document.
-COMPACT = {"whitespace_flexible": False}
-
+from .schema import JSON_OPTIONS, bounded_schema
 
 
 class GrammarError(ValueError):
@@ -26,16 +22,21 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict, vocab, name: str = "schema") -> Grammar:
+        """`schema` as `bounded_schema` makes it: closed objects, bounded numbers and
+        whitespace (mimo/structured/schema.py)."""
         from llguidance import LLMatcher
         try:
-            source = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=COMPACT)
+            source = LLMatcher.grammar_from_json_schema(json.dumps(bounded_schema(schema)),
+                                                        defaults=JSON_OPTIONS)
         except (ValueError, TypeError) as e:
             raise GrammarError(f"JSON schema {name!r} is not valid: {e}") from None
         return cls._checked(source, vocab, f"json_schema {name}")
 
     @classmethod
     def json_object(cls, vocab) -> Grammar:
-        return cls.json_schema({"type": "object"}, vocab, "json_object")
+        """Any JSON object (open: the client asked for no schema)."""
+        return cls.json_schema({"type": "object", "additionalProperties": True}, vocab,
+                               "json_object")
 
     @classmethod
     def lark(cls, source: str, vocab, description: str = "lark") -> Grammar:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .grammar import COMPACT, Grammar
+from .grammar import Grammar
+from .schema import bounded_schema
 
 
 @dataclass(frozen=True)
@@ -26,5 +27,5 @@ class GrammarRequest:
 
 
 def embedded_json(schema: dict) -> str:
-    """A JSON schema as a Lark `%json` item, compact like the JSON grammars."""
-    return "%json " + json.dumps({**schema, "x-guidance": COMPACT})
+    """A JSON schema as a Lark `%json` item, bounded like the JSON grammars."""
+    return "%json " + json.dumps(bounded_schema(schema))

@@ -1,6 +1,7 @@
 """The grammar of a forced tool choice ('required' or a named function): exactly one call in
 the family's written form, its arguments constrained to the tool's JSON schema (closed to
-unlisted properties when the function is `strict`, as response_format strict is), then EOS.
+unlisted properties where it leaves `additionalProperties` unsaid, strict or not, as every
+JSON grammar is: mimo.structured.schema), then EOS.
 
 Two written forms (`ToolFormat.args`):
 - "json": `{"name": ..., "arguments": {...}}` between the format's call markers (Hermes);
@@ -17,7 +18,6 @@ import json
 
 from ...structured.request import GrammarRequest, embedded_json
 from ...tools.formats import ToolFormat
-from ..response_format import closed
 from .spec import Tool
 
 
@@ -33,8 +33,7 @@ def forced_call(fmt: ToolFormat, tools: tuple[Tool, ...]) -> GrammarRequest:
 
 def _json_call(tools: tuple[Tool, ...]) -> str:
     alts = [{"type": "object", "properties": {"name": {"const": t.name},
-                                              "arguments": closed(t.parameters) if t.strict
-                                              else t.parameters},
+                                              "arguments": t.parameters},
              "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
     schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
     return f"call: {embedded_json(schema)}\n"
