@@ -203,22 +203,22 @@ def test_parse_without_the_tool_format_is_a_typed_error():
         schemas.parse("chat", body, 1024)
 
 
-OPEN = {"type": "function", "function": {"name": "note", "parameters": {"type": "object"}}}
-
-
-def test_a_strict_forced_tool_is_closed_to_unlisted_properties(client):
-    """function.strict: the forced call's arguments are closed like response_format strict
-    ({"type": "object"} then admits only {}); without strict any object is allowed, and
-    sampled calls use that freedom."""
-    def args(strict: bool, seed: int) -> dict:
-        tool = {**OPEN, "function": {**OPEN["function"], "strict": strict}}
+def test_a_forced_tool_is_closed_unless_its_schema_opens_it(client):
+    """A forced call's arguments are closed to the listed properties where the schema leaves
+    `additionalProperties` unsaid, strict or not (XGrammar's default: {"type": "object"}
+    then admits only {}); `additionalProperties: true` opens them, and sampled calls use
+    that freedom."""
+    def args(strict: bool, opened: bool, seed: int) -> dict:
+        params = {"type": "object", **({"additionalProperties": True} if opened else {})}
+        tool = {"type": "function", "function": {"name": "note", "parameters": params,
+                                                 "strict": strict}}
         r = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Write a note about Paris"}],
             tools=[tool], tool_choice="required", max_tokens=80, temperature=1.0, seed=seed)
         assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
         return json.loads(r.choices[0].message.tool_calls[0].function.arguments)
-    assert all(args(True, seed) == {} for seed in range(3))
-    assert any(args(False, seed) != {} for seed in range(3))
+    assert all(args(strict, False, seed) == {} for strict in (True, False) for seed in range(2))
+    assert any(args(False, True, seed) != {} for seed in range(3))
 
 
 @pytest.mark.parametrize("choice", ["required", "search"])
