@@ -290,6 +290,9 @@ class RuntimeConfig:
     # its best 64 are rescored exactly: a third of the head's traffic for one row). 'auto':
     # int4 when int8 weights are on.
     greedy_head: str = "auto"
+    # Attention kernels (mimo/gpu/backends.py): 'torch', 'triton', 'flashinfer' or 'auto'
+    # (triton on a CUDA device when triton imports, else torch).
+    attention_backend: str = "auto"
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -305,6 +308,9 @@ class RuntimeConfig:
                               "(quantize auto on CPU bfloat16, or int8)")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"compile must be auto, on or off, not {self.compile!r}")
+        if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
+            raise ConfigError(f"attention_backend must be auto, torch, triton or flashinfer, "
+                              f"not {self.attention_backend!r}")
 
     @property
     def use_int8(self) -> bool:

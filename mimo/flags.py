@@ -26,6 +26,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", default=None, choices=["auto", "on", "off"],
                    help="torch.compile the layers for prefill-sized steps (auto: off, "
                         "measured slower than eager on CPU; default: $MIMO_COMPILE, else auto)")
+    g.add_argument("--attention-backend", default="auto",
+                   choices=["auto", "torch", "triton", "flashinfer"],
+                   help="attention kernels: torch (gather + SDPA, any device), triton (paged "
+                        "kernels, CUDA), flashinfer (refused: not built in yet); auto: triton "
+                        "on a CUDA device when triton imports, else torch")
     g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
@@ -106,6 +111,7 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
+                attention_backend=a.attention_backend,
                 kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,

@@ -9,6 +9,7 @@ import time
 import torch
 
 from ..config import ConfigError, EngineConfig
+from ..gpu.backends import make_backend
 from ..kvcache.allocator import OutOfPages
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
@@ -57,6 +58,7 @@ class LLMEngine:
         if rt.num_threads:
             torch.set_num_threads(rt.num_threads)
         t0 = time.perf_counter()
+        backend = make_backend(rt.attention_backend, rt.device)   # refused before loading
         loaded = loaded or registry.load(config.model, progress)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -84,7 +86,7 @@ class LLMEngine:
         if config.tiers.enabled:
             self._add_tiers(config, loaded)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
-                                  rt.device)
+                                  rt.device, backend)
         self.decode = parts.build_decode(config, mc, self.model, self.runner)
         self.spec = self.decode if self.decode.num_draft else None  # a drafting step (stats)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,

@@ -1,13 +1,17 @@
 """The one place that turns scheduled requests into tensors and runs the model."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ..gpu.attention import AttentionBackend, TorchAttention, build_attn_batch
+from ..gpu.paged_metadata import build_paged_metadata
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.seq_kv import SeqKV
 from ..models.context import ForwardContext
 from .scheduler import ScheduledChunk
+from .sequence import Sequence
 
 
 class ModelRunner:
@@ -82,13 +86,7 @@ class ModelRunner:
             if c.sample:
                 rows.extend(range(row - 1 - len(c.draft), row))
         dev = self.device
-        full = [(r, a, n, kv, 0, kv.full_cached_to) for r, a, n, kv in spans]
-        batches = {"full": build_attn_batch(full, None, self.pool.full_slots, dev, self.mask_dtype)}
-        if self.has_swa:
-            swa = [(r, a, n, kv, kv.swa_floor, 0) for r, a, n, kv in spans]
-            batches["swa"] = build_attn_batch(swa, self.window, self.pool.swa_slots, dev,
-                                              self.mask_dtype)
-        ctx = ForwardContext(self.kv, batches, self.backend)
+        ctx = ForwardContext(self.kv, self._batches(chunks, spans), self.backend)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
         if not mm:
@@ -99,3 +97,38 @@ class ModelRunner:
         if mm_rows:
             embeds = (torch.cat(mm_rows).to(dev), torch.cat(mm_embs).to(dev))
         return input_ids, positions, ctx, logit_rows, {"mm_embeds": embeds}
+
+    def _batches(self, chunks: list[ScheduledChunk], spans: list) -> dict[str, Any]:
+        """Each layer kind's attention batch: `AttnBatch` (slot lists and masks), or for a
+        paged backend `PagedAttnMeta` (page ids); both split a verify chunk into one-query
+        rows, so accepted tokens match plain decoding either way."""
+        dev = self.device
+        if self.backend.paged:
+            cfg = getattr(self.model, "cfg", None)
+            return build_paged_metadata(
+                chunks, self.pool, self.window if self.has_swa else None, device=dev,
+                full_sinks=bool(getattr(cfg, "full_attention_sink", False)),
+                swa_sinks=bool(getattr(cfg, "swa_attention_sink", False)))
+        full = [(r, a, n, kv, 0, kv.full_cached_to) for r, a, n, kv in spans]
+        batches = {"full": build_attn_batch(full, None, self.pool.full_slots, dev, self.mask_dtype)}
+        if self.has_swa:
+            swa = [(r, a, n, kv, kv.swa_floor, 0) for r, a, n, kv in spans]
+            batches["swa"] = build_attn_batch(swa, self.window, self.pool.swa_slots, dev,
+                                              self.mask_dtype)
+        return batches
+
+    def swa_batch(self, spans: list[tuple[Sequence, int, int]]) -> Any:
+        """The SWA kind's batch of positions [start, start + n) of each (seq, start, n), rows
+        in that order, outside a scheduled step (the MTP layers' teacher-forced pass)."""
+        if self.backend.paged:
+            cfg = getattr(self.model, "cfg", None)
+            chunks = [ScheduledChunk(s, a, n, False) for s, a, n in spans]
+            return build_paged_metadata(
+                chunks, self.pool, self.window, device=self.device, kinds=("swa",),
+                swa_sinks=bool(getattr(cfg, "swa_attention_sink", False)))["swa"]
+        rows, items = 0, []
+        for s, a, n in spans:
+            items.append((rows, a, n, s.running_kv, s.running_kv.swa_floor, 0))
+            rows += n
+        return build_attn_batch(items, self.window, self.pool.swa_slots, self.device,
+                                self.mask_dtype)

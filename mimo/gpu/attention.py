@@ -110,6 +110,10 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
 
 
 class AttentionBackend(ABC):
+    # True: the backend reads paged metadata (paged_metadata.PagedAttnMeta: page ids and
+    # per-entry integers) instead of AttnBatch, and the runner builds that for it.
+    paged: bool = False
+
     @abstractmethod
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,

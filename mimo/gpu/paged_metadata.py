@@ -63,6 +63,10 @@ class PagedAttnMeta:
     write_slots: torch.Tensor   # [Tw] ... to these slots (page * page_size + offset)
     all_decode: bool            # every entry has one query (a decode kernel suffices)
     needs_floor_mask: bool      # some floor cuts keys that causal + window alone would show
+    # Host copies of the longest entry's queries and keys (a kernel's grid and split count
+    # need them; reading them back from device tensors would synchronise). 0: not recorded.
+    max_qo_len: int = 0
+    max_kv_len: int = 0
 
     @property
     def num_entries(self) -> int:
@@ -136,31 +140,37 @@ def _kind_meta(kind: str, chunks, pool: DualPool, window: int | None, sinks: boo
     def t(x):
         return torch.tensor(x, dtype=torch.int32, device=device)
 
+    qo_len = [b - a for a, b in zip(qo, qo[1:])]
     return PagedAttnMeta(
         kind=kind, page_size=P,
         window_left=window - 1 if kind == "swa" and window is not None else -1,
         has_sinks=sinks, qo_indptr=t(qo), kv_indptr=t(kvp), kv_indices=t(idx),
         kv_last_page_len=t(last), kv_start_pos=t(kstart), q_start_pos=t(qstart),
         key_floor=t(floors), entry_chunk=t(ech), positions=t(pos), write_rows=t(wrows),
-        write_slots=t(wslots), all_decode=all(b - a == 1 for a, b in zip(qo, qo[1:])),
-        needs_floor_mask=needs_floor)
+        write_slots=t(wslots), all_decode=all(n == 1 for n in qo_len),
+        needs_floor_mask=needs_floor, max_qo_len=max(qo_len),
+        max_kv_len=max(q + n - k for q, n, k in zip(qstart, qo_len, kstart)))
 
 
 def build_paged_metadata(chunks: Iterable[ScheduledChunk], pool: DualPool,
                          window: int | None, *, full_sinks: bool = False,
                          swa_sinks: bool = False, device: str | torch.device = "cpu",
-                         split_verify: bool = True) -> dict[str, PagedAttnMeta]:
+                         split_verify: bool = True,
+                         kinds: tuple[str, ...] = KINDS) -> dict[str, PagedAttnMeta]:
     """Metadata of one step for each layer kind the model has: {'full': ..., 'swa': ...}
     (the keys of `ForwardContext.batches`). `window`: the model's sliding window (keys an SWA
     query sees, itself included; ModelConfig.sliding_window), None for a model without SWA
     layers (then no 'swa' entry). `full_sinks` / `swa_sinks`: ModelConfig's
     full_attention_sink / swa_attention_sink. Chunks must already be grown in `pool`
-    (Scheduler._chunk does) and their SWA KV not yet released past the window."""
+    (Scheduler._chunk does) and their SWA KV not yet released past the window. `kinds`:
+    the kinds wanted (the MTP layers' own pass needs only 'swa')."""
     chunks = list(chunks)
     if not chunks:
         raise ValueError("no chunks scheduled")
-    out = {"full": _kind_meta("full", chunks, pool, None, full_sinks, split_verify, device)}
-    if window is not None:
+    out = {}
+    if "full" in kinds:
+        out["full"] = _kind_meta("full", chunks, pool, None, full_sinks, split_verify, device)
+    if window is not None and "swa" in kinds:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         out["swa"] = _kind_meta("swa", chunks, pool, window, swa_sinks, split_verify, device)

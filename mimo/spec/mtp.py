@@ -40,7 +40,6 @@ import weakref
 
 import torch
 
-from ..gpu.attention import build_attn_batch
 from ..models.context import ForwardContext
 from .drafter import Drafter
 
@@ -171,15 +170,11 @@ class MTPDrafter(Drafter):
         """MTP layer k over (seq, first position, tokens, h_{k-1} rows) items in one forward;
         returns each item's output rows. Writes layer k's KV at those positions."""
         dev = self.runner.device
-        spans, ids, pos, row = [], [], [], 0
-        for s, a, toks, _ in items:
-            n = len(toks)
-            spans.append((row, a, n, s.kv, s.kv.swa_floor, 0))   # (see ModelRunner.prepare)
+        ids, pos = [], []
+        for _, a, toks, _ in items:
             ids.extend(toks)
-            pos.extend(range(a, a + n))
-            row += n
-        pool = self.runner.pool
-        batch = build_attn_batch(spans, self.window, pool.swa_slots, dev, self.runner.mask_dtype)
+            pos.extend(range(a, a + len(toks)))
+        batch = self.runner.swa_batch([(s, a, len(toks)) for s, a, toks, _ in items])
         ctx = ForwardContext(self.runner.kv, {"swa": batch}, self.runner.backend)
         out = self.model.mtp_forward(k, torch.tensor(ids, dtype=torch.int64, device=dev),
                                      torch.tensor(pos, dtype=torch.int64, device=dev),

@@ -1,0 +1,61 @@
+"""Choosing the attention backend (`--attention-backend`).
+
+- torch: gathers each sequence's keys and calls SDPA (attention.py); runs anywhere.
+- triton: paged kernels over the pools (triton_attention.py); needs a CUDA device, or
+  Triton's interpreter (TRITON_INTERPRET=1, CPU tensors: tests only, very slow).
+- flashinfer: not built into this engine yet; refused with the reason, never replaced by
+  another backend silently.
+- auto: triton when the device is CUDA and triton imports, else torch.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+from .attention import AttentionBackend, TorchAttention
+
+BACKENDS = ("auto", "torch", "triton", "flashinfer")
+
+
+def _triton_importable() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(name: str, device: str) -> str:
+    """The backend `name` means on `device` ('auto' decided); raises ValueError, naming
+    the problem, when the chosen one cannot run there."""
+    if name not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, "
+                         f"not {name!r}")
+    cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    if name == "auto":
+        return "triton" if cuda and _triton_importable() else "torch"
+    if name == "triton":
+        if not _triton_importable():
+            raise ValueError("attention backend triton: the triton package does not import "
+                             "(pip install triton)")
+        if not cuda and not _interpreted():
+            raise ValueError(f"attention backend triton needs a CUDA device (device is "
+                             f"{device!r}); on CPU only Triton's interpreter runs it "
+                             f"(TRITON_INTERPRET=1, for tests)")
+    if name == "flashinfer":
+        if importlib.util.find_spec("flashinfer") is None:
+            raise ValueError("attention backend flashinfer: the flashinfer package does not "
+                             "import; use triton or torch (or auto)")
+        raise ValueError("attention backend flashinfer: flashinfer imports, but this engine "
+                         "has no FlashInfer backend yet; use triton or torch (or auto)")
+    return name
+
+
+def make_backend(name: str, device: str) -> AttentionBackend:
+    chosen = resolve_backend(name, device)
+    if chosen == "triton":
+        from .triton_attention import TritonAttention  # imports triton: only when chosen
+        return TritonAttention()
+    return TorchAttention()
