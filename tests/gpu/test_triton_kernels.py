@@ -193,3 +193,24 @@ def test_triton_kernels_bfloat16(triton_device):
     extend_attention(q, kc, vc, out, meta, d ** -0.5, sinks, 6)
     want = brute_force(meta, q, kc, vc, d ** -0.5, sinks)
     torch.testing.assert_close(out.cpu().double(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_triton_backend_without_host_lengths(triton_device):
+    """Metadata with no host copies of its longest entry (built here, not by
+    build_paged_metadata): the backend reads them back and still splits a long decode."""
+    from mimo.gpu.triton_attention import TritonAttention
+    dev = triton_device
+    g = torch.Generator().manual_seed(11)
+    P, hq, hkv, d = 4, 4, 2, 16
+    kc = torch.randn(80 * P, hkv, d, generator=g).to(dev)
+    vc = torch.randn(80 * P, hkv, d, generator=g).to(dev)
+    rnd = random.Random(11)
+    backend = TritonAttention(num_splits=4, min_split_keys=32, block_n=16)
+    for entries in ([(150, 1, 0, 0), (3, 1, 0, 0)], [(40, 5, 9, 1), (7, 1, 0, 0)]):
+        meta = make_meta(entries, P, None, dev, lambda e, n: rnd.sample(range(80), n))
+        assert meta.max_qo_len == meta.max_kv_len == 0
+        T = int(meta.qo_indptr[-1])
+        q = torch.randn(T, hq, d, generator=g).to(dev)
+        out = backend.forward(q, q[:, :hkv], q[:, :hkv], kc, vc, meta, d ** -0.5)
+        torch.testing.assert_close(out.cpu().double(), brute_force(meta, q, kc, vc, d ** -0.5,
+                                                                   None), **TOL)
