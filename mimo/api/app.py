@@ -18,12 +18,11 @@ from starlette.routing import Route
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
 from ..multimodal.config import MediaConfig
-from ..stages import ChatRequest
 from ..structured import GrammarError, grammar_vocab
 from ..tools import format_for
 from . import schemas
 from .body import read_json
-from .chat_pipeline import build_chat_pipeline, chat_request
+from .chat_pipeline import build_chat_pipeline
 from .errors import (
     InvalidSchema,
     MethodNotAllowed,
@@ -33,13 +32,10 @@ from .errors import (
     bad_request,
     error_response,
 )
-from .fields import kind_of
 from .metrics import Metrics
 from .responder import ClientGone, Responder, Run, unless_disconnected
 from .responses import ResponsesAPI, open_store
-
-# The fields of a chat body that change its rendered prompt besides `messages` (/tokenize).
-_TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+from .tokenize import detokenize, tokenize
 
 
 class Server:
@@ -127,52 +123,24 @@ class Server:
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def tokenize(self, request):
-        """{"model"?, "prompt": str} or {"model"?, "messages": [...], "tools"?, ...} ->
-        {"tokens", "count", "max_model_len"} (messages through the chat template, as generation
-        would: with the tool fields, the tool list where the template puts it; forced
-        tool choices included; media parts fetched, preprocessed and expanded to their rows)."""
-        try:
-            body = await self._body(request)
-            if not isinstance(body, dict):
-                raise bad_request("the request body must be a JSON object")
-            self._check_model(body, required=False)
-            if "messages" in body:
-                tools = {k: body[k] for k in _TOOL_FIELDS if k in body}
-                spec = schemas.parse("chat", {"model": self.model_name, "max_tokens": 1,
-                                              "messages": body["messages"], **tools},
-                                     self.max_model_len,
-                                     multimodal=self.chat_pipeline.multimodal,
-                                     tool_format=self.tool_format)
-                req = chat_request(spec)
-            else:
-                p = body.get("prompt")
-                if not isinstance(p, str):
-                    raise bad_request(f"'prompt' must be a string, got {kind_of(p)}", "prompt")
-                req = ChatRequest(text=p)
-            if req.media:       # counted as generation counts them: placeholders expanded
-                ids = await self.chat_pipeline.prompt_ids_with_media(req)
-            else:
-                ids = await asyncio.to_thread(self.chat_pipeline.prompt.tokenize, req)
-        except Exception as e:  # noqa: BLE001 - answered in OpenAI's shape
-            return error_response(e)
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": self.max_model_len})
+        """vLLM's /tokenize: a prompt or a chat rendered as generation would (tokenize.py)."""
+        return await self._token_route(request, tokenize)
 
     async def detokenize(self, request):
+        return await self._token_route(request, detokenize)
+
+    async def _token_route(self, request, handler):
         try:
             body = await self._body(request)
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a JSON object")
             self._check_model(body, required=False)
-            ids = body.get("tokens")
-            vocab = self.engine.engine.model_config.vocab_size
-            if not isinstance(ids, list) or not all(
-                    isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
-                raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})",
-                                  "tokens")
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        except Exception as e:  # noqa: BLE001
+            out = handler(self, body)
+            if asyncio.iscoroutine(out):
+                out = await out
+        except Exception as e:  # noqa: BLE001 - answered in OpenAI's shape
             return error_response(e)
-        return JSONResponse({"prompt": text})
+        return JSONResponse(out)
 
     def _check_model(self, body: dict, required: bool = True) -> None:
         m = body.get("model")

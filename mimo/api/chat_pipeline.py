@@ -49,7 +49,8 @@ class ChatPipeline:
     def multimodal(self) -> bool:
         return self.encode is not None
 
-    async def prompt_ids_with_media(self, req: ChatRequest) -> list[int]:
+    async def prompt_ids_with_media(self, req: ChatRequest,
+                                    add_generation_prompt: bool = True) -> list[int]:
         """The prompt ids of a chat with media as generation builds them (each item's
         placeholder expanded to its rows), for /tokenize: the media stages before the
         encoder run (the row counts come from preprocessing), the encoder does not."""
@@ -57,7 +58,7 @@ class ChatPipeline:
             if st is self.encode:
                 break
             await st.process(req)
-        ids = await asyncio.to_thread(self.prompt.tokenize, req)
+        ids = await asyncio.to_thread(self.prompt.tokenize, req, add_generation_prompt)
         adapter = self.prompt.adapter
         assert adapter is not None      # media parse only for a multimodal model
         pre = req.preprocessed

@@ -53,7 +53,10 @@ class BuildPrompt(Stage):
             return ids, None
         return place_media(ids, self.adapter, req.preprocessed, req.embeds)
 
-    def tokenize(self, req: ChatRequest) -> list[int]:
+    def tokenize(self, req: ChatRequest, add_generation_prompt: bool = True) -> list[int]:
+        """`add_generation_prompt`: end a chat with the assistant turn's opening (/tokenize
+        may ask for the conversation without it)."""
+        gen = add_generation_prompt
         if req.token_ids is not None:
             return list(req.token_ids)
         if req.messages is not None:
@@ -64,9 +67,9 @@ class BuildPrompt(Stage):
             if (req.tools or tool_turns) and not tpl.supports_tools:
                 fmt = FORMATS[req.tool_format] if req.tool_format else format_for(self.arch)
                 msgs = fold_tools(msgs, req.tools, fmt)
-                return tpl.encode(self.tokenizer, msgs)
+                return tpl.encode(self.tokenizer, msgs, gen)
             msgs = [{**m, "role": "tool"} if m["role"] == "function" else m for m in msgs]
-            return tpl.encode(self.tokenizer, msgs, tools=req.tools)
+            return tpl.encode(self.tokenizer, msgs, gen, tools=req.tools)
         if not req.text:
             raise InvalidRequest("prompt is empty")
         return self.tokenizer.encode(req.text)
