@@ -46,6 +46,24 @@ def test_items_to_messages():
     assert len({it["id"] for it in items}) == len(items)      # every item has its own id
 
 
+def test_a_call_before_the_text_is_one_assistant_message():
+    """Output written as [reasoning, call, reasoning, text] (a call inside the thinking
+    block) goes back as chat's answer to it: one message, the text and the call."""
+    items = parse_input([
+        {"role": "user", "content": "q"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text",
+                                                         "text": "a"}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+        {"type": "reasoning", "summary": []},
+        {"role": "assistant", "content": "Answer."},
+        {"type": "function_call_output", "call_id": "c1", "output": "r"}])
+    assert to_messages(None, items) == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "Answer.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "r"}]
+
+
 def test_images_become_image_url_parts():
     items = parse_input([{"role": "user", "content": [
         {"type": "input_text", "text": "What is it?"},

@@ -112,21 +112,32 @@ def test_streamed_events_assemble_into_the_response(client, tokenizer, text):
     assert _shape(done) == _shape(whole.output)
 
 
-def test_next_turn_prompt_is_chats(client, server, tokenizer):
-    r = client.responses.create(**_kw(tokenizer, "after"))
+@pytest.mark.parametrize("text", ["after", "inside"])
+def test_next_turn_prompt_is_chats(client, server, tokenizer, text):
+    """The turn after a call: its prompt is chat's for the history chat itself answered
+    (its message: content and tool_calls; reasoning not rendered), the call's id aside."""
+    kw = _kw(tokenizer, text)
+    r = client.responses.create(**kw)
     call = next(o for o in r.output if o.type == "function_call")
     r2 = client.responses.create(model=MODEL, previous_response_id=r.id, tools=TOOLS,
                                  max_output_tokens=4, temperature=0,
                                  input=[{"type": "function_call_output",
                                          "call_id": call.call_id, "output": "21 C"}])
-    msgs = [{"role": "user", "content": ASK},
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": call.call_id, "type": "function",
-                "function": {"name": call.name, "arguments": call.arguments}}]},
-            {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"}]
     chat_tools = [{"type": "function", "function": {k: t[k] for k in
                                                     ("name", "description", "parameters")}}
                   for t in TOOLS]
+    ans = client.chat.completions.create(model=MODEL, messages=[{"role": "user",
+                                                                 "content": ASK}],
+                                         tools=chat_tools, max_tokens=64, temperature=0,
+                                         logit_bias=kw["extra_body"]["logit_bias"])
+    m = ans.choices[0].message
+    assert [c.function.name for c in m.tool_calls] == [call.name]
+    msgs = [{"role": "user", "content": ASK},
+            {"role": "assistant", "content": m.content, "tool_calls": [{
+                "id": call.call_id, "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                for c in m.tool_calls]},
+            {"role": "tool", "tool_call_id": call.call_id, "content": "21 C"}]
     tok = httpx.post(server.url + "/tokenize", json={"messages": msgs, "tools": chat_tools},
                      timeout=60).json()
     assert r2.usage.input_tokens == tok["count"]

@@ -189,18 +189,23 @@ def _chat_content(item: dict):
 
 
 def to_messages(instructions: str | None, items: list[dict]) -> list[dict]:
-    """Chat messages for `items` (normalized); consecutive function calls (and the assistant
-    text right before them) become one assistant message with tool_calls."""
+    """Chat messages for `items` (normalized). The assistant's items between two other
+    messages (text, function calls, in any order: a call written inside the thinking block
+    comes before the text) become one assistant message, its text then its tool_calls, as
+    chat completions answers the same output."""
     msgs: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
     for it in items:
         t = it["type"]
-        if t == "message":
+        last = msgs[-1] if msgs else None
+        if t == "message" and it["role"] == "assistant" and last is not None \
+                and last["role"] == "assistant":
+            last["content"] = (last["content"] or "") + _chat_content(it)
+        elif t == "message":
             role = "system" if it["role"] == "developer" else it["role"]
             msgs.append({"role": role, "content": _chat_content(it)})
         elif t == "function_call":
             call = {"id": it["call_id"], "type": "function",
                     "function": {"name": it["name"], "arguments": it["arguments"]}}
-            last = msgs[-1] if msgs else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
