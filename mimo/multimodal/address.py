@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import re
 import socket
 from collections.abc import Awaitable, Callable
 
@@ -57,6 +58,30 @@ def parse_ip(host: str) -> IPAddress | None:
         return None
 
 
+# DNS labels as hosts name them (underscores too: some hosts have them), after IDNA.
+_NAME = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def check_host(host: str, port: int, url: str) -> None:
+    """A URL's host and port as a connection can use them, else a MediaFetchError: a host
+    that is an IP literal, or a name that encodes to DNS labels (IDNA: no empty label, none
+    over 63 bytes, valid punycode), and a port in 1..65535."""
+    shown = url if len(url) <= 120 else url[:117] + "..."
+    if not host:
+        raise MediaFetchError(f"URL {shown!r} has no host")
+    if not 0 < port < 65536:
+        raise MediaFetchError(f"URL {shown!r} has port {port}, outside 1..65535")
+    if parse_ip(host) is not None:
+        return
+    try:
+        name = host.rstrip(".").encode("idna").decode("ascii")
+    except UnicodeError as e:
+        raise MediaFetchError(f"URL {shown!r} has a malformed host {host[:64]!r}: {e}") from None
+    if not _NAME.match(name):
+        raise MediaFetchError(f"URL {shown!r} has a malformed host {host[:64]!r}: a host name "
+                              f"is letters, digits, '-' and '_' between dots")
+
+
 async def system_resolver(host: str, port: int) -> list[str]:
     """The OS resolver, off the event loop (getaddrinfo blocks; asyncio runs it in a
     thread)."""
@@ -65,6 +90,8 @@ async def system_resolver(host: str, port: int) -> list[str]:
         infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
         raise MediaFetchError(f"cannot resolve host {host!r}: {e.strerror}") from e
+    except UnicodeError as e:   # a name no DNS label encodes ("a..b", a 64-byte label)
+        raise MediaFetchError(f"cannot resolve host {host[:64]!r}: {e}") from None
     return [info[4][0] for info in infos]
 
 

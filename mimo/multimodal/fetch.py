@@ -16,7 +16,7 @@ from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
 import httpx
 
-from .address import Resolver, parse_ip, system_resolver, vetted_address
+from .address import Resolver, check_host, parse_ip, system_resolver, vetted_address
 from .config import MediaConfig
 from .errors import MediaFetchError, MediaForbidden, MediaTooLarge
 
@@ -31,7 +31,7 @@ async def fetch(url: str, cfg: MediaConfig, *, resolver: Resolver = system_resol
         raise MediaFetchError("media URL is empty")
     if url.startswith("/"):
         return await asyncio.to_thread(read_local, url, cfg)
-    scheme = urlsplit(url).scheme.lower()
+    scheme = _split(url).scheme.lower()
     if scheme == "data":
         if len(url) > 2**20:   # decoding megabytes takes milliseconds: not on the loop
             return await asyncio.to_thread(decode_data_url, url, cfg.max_bytes)
@@ -48,6 +48,14 @@ async def fetch(url: str, cfg: MediaConfig, *, resolver: Resolver = system_resol
                                   f"{cfg.timeout_s:g}s") from None
     raise MediaForbidden(f"unsupported URL scheme {scheme or '(none)'!r}: use http, https, "
                          "data, or file (when enabled)")
+
+
+def _split(url: str):
+    """urlsplit, a malformed URL (an unclosed IPv6 bracket, "http://[::1") a MediaError."""
+    try:
+        return urlsplit(url)
+    except ValueError as e:
+        raise MediaFetchError(f"malformed URL {_short(url)!r}: {e}") from None
 
 
 # ---- data: URLs ---------------------------------------------------------------------------
@@ -77,7 +85,7 @@ def decode_data_url(url: str, max_bytes: int) -> bytes:
 # ---- local files ----------------------------------------------------------------------------
 
 def _file_url_path(url: str) -> str:
-    parts = urlsplit(url)
+    parts = _split(url)
     if parts.netloc not in ("", "localhost"):
         raise MediaForbidden(f"file URL names a remote host {parts.netloc!r}")
     return unquote(parts.path)
@@ -137,21 +145,21 @@ async def _fetch_http(url: str, cfg: MediaConfig, resolver: Resolver,
                                  follow_redirects=False) as client:
         for _ in range(cfg.max_redirects + 1):
             try:
-                u = httpx.URL(url)
-            except httpx.InvalidURL as e:
-                raise MediaFetchError(f"invalid URL {_short(url)!r}: {e}") from e
+                u = httpx.URL(url)      # ValueError too: "http://[not-an-ip]/"
+                host = u.host           # decodes IDNA: ValueError for "xn--"
+            except (httpx.InvalidURL, ValueError) as e:
+                raise MediaFetchError(f"invalid URL {_short(url)!r}: {e}") from None
             if u.scheme not in _DEFAULT_PORTS:
                 raise MediaForbidden(f"redirect to unsupported scheme {u.scheme!r}")
-            if not u.host:
-                raise MediaFetchError(f"URL {_short(url)!r} has no host")
             port = u.port or _DEFAULT_PORTS[u.scheme]
-            ip = await vetted_address(u.host, port, resolver, cfg.allow_private)
+            check_host(host, port, url)
+            ip = await vetted_address(host, port, resolver, cfg.allow_private)
             # Connect to the vetted address; the name still goes in Host and in TLS SNI
             # (and certificate checks), so virtual hosts and HTTPS work as usual.
             target = u.copy_with(host=str(ip))
             ext = {}
-            if u.scheme == "https" and parse_ip(u.host) is None:
-                ext["sni_hostname"] = u.host
+            if u.scheme == "https" and parse_ip(host) is None:
+                ext["sni_hostname"] = host
             req = client.build_request("GET", target, headers={"Host": u.netloc.decode(),
                                                                   "Accept-Encoding": "identity"},
                                        extensions=ext)
@@ -170,14 +178,14 @@ async def _fetch_http(url: str, cfg: MediaConfig, resolver: Resolver,
                     location = resp.headers.get("location")
                     if not location:
                         raise MediaFetchError(f"redirect without Location from {_short(url)}")
-                    scheme = urlsplit(location).scheme.lower()
+                    scheme = _split(location).scheme.lower()
                     if scheme and scheme not in _DEFAULT_PORTS:
                         # Never let a server steer us to data:, file: or anything else.
                         raise MediaForbidden(f"redirect to unsupported scheme {scheme!r}")
                     try:
                         url = str(u.join(location))
-                    except httpx.InvalidURL as e:
-                        raise MediaFetchError(f"bad redirect Location {location!r}") from e
+                    except (httpx.InvalidURL, ValueError):
+                        raise MediaFetchError(f"bad redirect Location {location!r}") from None
                     continue
                 return await _read_body(resp, url, cfg.max_bytes)
             finally:

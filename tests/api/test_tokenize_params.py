@@ -122,3 +122,25 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_refused_fields(case, h):
     assert_openai_error(case.send(h), case)
+
+
+# ---- malformed media URLs: a 400 from /tokenize and from chat, never a 500 -----------------
+BAD_URLS = ["http://[::1", "http://[not-an-ip]/a.png", "http://a..b/a.png", "http://xn--/a.png",
+            "https://example.com:99999/a.png", "file://[::1/a.png"]
+
+
+@pytest.mark.parametrize("url", BAD_URLS)
+def test_a_malformed_media_url_is_a_400(url, vlm_strict_server, vlm_dir):
+    msgs = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": "What is this?"}]}]
+    base = vlm_strict_server.url
+    for path, body in (("/tokenize", {"messages": msgs}),
+                       ("/v1/chat/completions", {"model": str(vlm_dir), "messages": msgs,
+                                                 "max_tokens": 2})):
+        r = httpx.post(base + path, json=body, timeout=60)
+        err = assert_openai_error(r, Case(url, path, body, param="messages",
+                                          code="invalid_media"))
+        assert "URL" in err["message"] or "host" in err["message"], err
+    ok = httpx.post(base + "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]},
+                    timeout=60)
+    assert ok.status_code == 200, ok.text
