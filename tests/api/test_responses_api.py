@@ -239,3 +239,36 @@ def test_client_that_goes_away_frees_its_kv_and_stores_nothing(server, stream):
         time.sleep(0.05)
     assert _aborted(server) == before + 1
     server.assert_pools_idle(timeout=10)
+
+
+def test_concurrent_chains_stay_apart(server, aclient):
+    """Eight chains of three turns at once (streamed and not, alternately): each turn's
+    prompt is its own chain's conversation, and the KV pools end idle."""
+    import asyncio
+
+    async def chain(c, i: int) -> list[tuple[int, list[dict]]]:
+        msgs, prev, out = [], None, []
+        for k in range(3):
+            ask = f"Chain {i} turn {k}: a colour?"
+            kw = dict(model=MODEL, input=ask, previous_response_id=prev,
+                      max_output_tokens=4, temperature=0)
+            if (i + k) % 2:
+                r = None
+                async for e in await c.responses.create(**kw, stream=True):
+                    if e.type in ("response.completed", "response.incomplete"):
+                        r = e.response
+            else:
+                r = await c.responses.create(**kw)
+            msgs.append({"role": "user", "content": ask})
+            out.append((r.usage.input_tokens, list(msgs)))
+            msgs.append({"role": "assistant", "content": r.output_text})
+            prev = r.id
+        return out
+
+    async def main():
+        c = aclient()
+        return await asyncio.gather(*(chain(c, i) for i in range(8)))
+    for turns in asyncio.run(main()):
+        for count, msgs in turns:
+            assert count == tokens(server, msgs)
+    server.assert_pools_idle()
