@@ -28,6 +28,8 @@ class TritonAttention(AttentionBackend):
         if num_splits < 1 or min_split_keys < 1 or block_n < 16 or block_n & (block_n - 1):
             raise ValueError(f"num_splits and min_split_keys must be >= 1 and block_n a power "
                              f"of two >= 16, got {num_splits}, {min_split_keys}, {block_n}")
+        if block_q is not None and (block_q < 1 or block_q & (block_q - 1)):
+            raise ValueError(f"block_q must be a power of two (tl.arange), got {block_q}")
         self.num_splits, self.min_split_keys = num_splits, min_split_keys
         self.block_n, self.block_q = block_n, block_q
         self._host: tuple[PagedAttnMeta | None, int, int] = (None, 0, 0)
