@@ -189,6 +189,31 @@ def test_json_schema_text_format(client):
     assert r.text.format.type == "json_schema"
 
 
+def test_logprobs_as_chat_gives_them(client, server):
+    """include message.output_text.logprobs + top_logprobs: the part's logprobs are chat
+    completions' for the same greedy request; the streamed deltas' add up to them."""
+    kw = dict(model=MODEL, input="Name a planet.", max_output_tokens=6, temperature=0)
+    r = client.responses.create(**kw, include=["message.output_text.logprobs"],
+                                top_logprobs=2)
+    part = r.output[0].content[0]
+    chat = client.chat.completions.create(model=MODEL, messages=[
+        {"role": "user", "content": "Name a planet."}], max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=2)
+    want = [c.model_dump() for c in chat.choices[0].logprobs.content]
+    got = [lp.model_dump() for lp in part.logprobs]
+    assert got == want and len(got) == r.usage.output_tokens
+    assert all(len(x["top_logprobs"]) == 2 for x in got)
+    events = raw_events(server, {**kw, "include": ["message.output_text.logprobs"],
+                                 "top_logprobs": 2})
+    streamed = [x for e in events if e["type"] == "response.output_text.delta"
+                for x in e["logprobs"]]
+    assert streamed == want
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == want
+    # Off unless asked.
+    assert client.responses.create(**kw).output[0].content[0].logprobs == []
+
+
 def test_store_false_is_not_kept(client):
     r = client.responses.create(model=MODEL, input="Hi", store=False, max_output_tokens=2)
     assert r.store is False

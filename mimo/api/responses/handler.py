@@ -124,6 +124,11 @@ class ResponsesAPI:
             context = await self._context(req.previous_response_id)
             check_call_outputs(context, req.items)
             spec = self._spec(req, context)
+            if req.logprobs and self._choice(spec).parser is not None:
+                raise bad_request("logprobs are not supported with tools or a reasoning "
+                                  "model: the output parser holds text back, so tokens and "
+                                  "text would not line up", "include",
+                                  "unsupported_parameter")
             if spec.grammar is not None:
                 try:
                     c = await s._constraint(spec)
@@ -225,7 +230,9 @@ class _Turn:
     def _feed(self, item) -> list[dict]:
         p = self.choice.parser
         before = p.mode if p is not None else "content"
-        events = self.builder.feed(self.choice.feed(item))
+        lps = self.choice.chat_logprobs(item.logprobs)["content"] if self.req.logprobs \
+            else None
+        events = self.builder.feed(self.choice.feed(item), lps)
         if p is not None and "reasoning" in (before, p.mode):
             self.reasoning_tokens += len(item.token_ids)
         return events

@@ -18,11 +18,17 @@ class OutputBuilder:
         self.items: list[dict] = []
         self.open: dict | None = None     # the item being written
         self.parts: list[str] = []        # its text so far
+        # Logprobs (with no output parser only: text and tokens line up): those of deltas
+        # that brought no text wait for the next text delta, or the end.
+        self.lps: list[dict] = []         # the open message's
+        self.pending: list[dict] = []
 
     # ---- events -------------------------------------------------------------------------
-    def feed(self, events) -> list[dict]:
-        """Choice.feed's events -> stream events (without sequence numbers)."""
+    def feed(self, events, logprobs: list[dict] | None = None) -> list[dict]:
+        """Choice.feed's events (and the delta's logprobs entries) -> stream events (without
+        sequence numbers)."""
         out: list[dict] = []
+        self.pending += logprobs or []
         for kind, v in events:
             if kind in ("content", "reasoning") and v:
                 if self.open is None or self.open["type"] != _ITEM[kind]:
@@ -38,7 +44,13 @@ class OutputBuilder:
     def finish(self, status: str) -> list[dict]:
         """Close the open item (`status`: 'completed' or 'incomplete'); an output with no
         message and no call gets an empty message, as OpenAI's does."""
-        out = self._close(status)
+        out: list[dict] = []
+        if self.pending and (self.open is None or self.open["type"] != "message"):
+            out += self._close("completed")
+            out += self._start("content")
+        if self.pending:        # the last tokens brought no text (EOS, held bytes)
+            out.append(self._delta(""))
+        out += self._close(status)
         if not any(it["type"] in ("message", "function_call") for it in self.items):
             out += self._start("content")
             out += self._close(status)
@@ -58,7 +70,7 @@ class OutputBuilder:
                     "status": "in_progress", "content": []}
             part = _text_part("")
         self.items.append(item)
-        self.open, self.parts = item, []
+        self.open, self.parts, self.lps = item, [], []
         return [{"type": "response.output_item.added", "output_index": len(self.items) - 1,
                  "item": _copy(item)},
                 {"type": "response.content_part.added", **self._where(), "content_index": 0,
@@ -69,8 +81,10 @@ class OutputBuilder:
         if self.open["type"] == "reasoning":
             return {"type": "response.reasoning_text.delta", **self._where(),
                     "content_index": 0, "delta": text}
+        lps, self.pending = self.pending, []
+        self.lps += lps
         return {"type": "response.output_text.delta", **self._where(), "content_index": 0,
-                "delta": text, "logprobs": []}
+                "delta": text, "logprobs": lps}
 
     def _close(self, status: str) -> list[dict]:
         item = self.open
@@ -82,16 +96,16 @@ class OutputBuilder:
             done = {"type": "response.reasoning_text.done", **self._where(),
                     "content_index": 0, "text": text}
         else:
-            part = _text_part(text)
+            part = _text_part(text, self.lps)
             done = {"type": "response.output_text.done", **self._where(), "content_index": 0,
-                    "text": text, "logprobs": []}
+                    "text": text, "logprobs": list(self.lps)}
         item["content"] = [part]
         item["status"] = status
         out = [done, {"type": "response.content_part.done", **self._where(),
                       "content_index": 0, "part": dict(part)},
                {"type": "response.output_item.done", "output_index": len(self.items) - 1,
                 "item": _copy(item)}]
-        self.open, self.parts = None, []
+        self.open, self.parts, self.lps = None, [], []
         return out
 
     def _call(self, i: int) -> list[dict]:
@@ -116,8 +130,9 @@ class OutputBuilder:
 _ITEM = {"content": "message", "reasoning": "reasoning"}
 
 
-def _text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict] | None = None) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [],
+            "logprobs": list(logprobs or [])}
 
 
 def _copy(item: dict) -> dict:

@@ -32,9 +32,10 @@ _ABSENT = ("conversation", "prompt", "context_management", "moderation", "image"
 KNOWN = frozenset(_OWN | set(_PASSED) | set(_ABSENT))
 # Known, honoured only at these values.
 _ONLY = {"background": (None, False), "truncation": (None, "disabled"),
-         "service_tier": (None, "auto", "default"), "top_logprobs": (None, 0),
-         "max_tool_calls": (None,), "include": (None, []),
+         "service_tier": (None, "auto", "default"), "max_tool_calls": (None,),
          "prompt_cache_key": (None,), "cache_salt": (None,)}
+LOGPROBS = "message.output_text.logprobs"       # the one `include` value honoured
+MAX_TOP_LOGPROBS = 20
 _WHY = {"prompt_cache_key": "; chat completions does not take it yet either",
         "cache_salt": "; chat completions does not take it yet either"}
 
@@ -48,6 +49,7 @@ class ResponsesRequest:
     store: bool = True
     previous_response_id: str | None = None
     instructions: str | None = None
+    logprobs: bool = False              # output_text parts and deltas carry logprobs
     echo: dict = field(default_factory=dict)   # request fields the Response object repeats
 
 
@@ -125,6 +127,18 @@ def _text_format(body: dict) -> tuple[dict | None, dict]:
     return {"type": "json_schema", "json_schema": js}, {"format": dict(f)}
 
 
+def _logprobs(body: dict) -> tuple[bool, int | None]:
+    """(logprobs on, top_logprobs): on with include ["message.output_text.logprobs"] or a
+    top_logprobs above 0."""
+    inc = body.get("include")
+    if inc is not None and (not isinstance(inc, list) or any(v != LOGPROBS for v in inc)):
+        bad = next((v for v in inc if v != LOGPROBS), inc) if isinstance(inc, list) else inc
+        raise bad_request(f"'include' value {str(bad)[:60]!r} is not supported; this server "
+                          f"takes only {LOGPROBS!r}", "include", "unsupported_parameter")
+    top = number(body, "top_logprobs", None, 0, MAX_TOP_LOGPROBS, integer=True)
+    return bool(inc) or bool(top), top
+
+
 def _reasoning(body: dict) -> None:
     r = obj(body, "reasoning")
     if r is not None and any(v is not None for v in r.values()):
@@ -158,21 +172,24 @@ def parse_request(body) -> ResponsesRequest:
         raise bad_request(f"'tools' must be an array, got {kind_of(raw_tools)}", "tools")
     tools = [_tool(t, i) for i, t in enumerate(raw_tools)]
     fmt, text = _text_format(body)
+    lp, top = _logprobs(body)
     chat = {"model": model, "max_tokens": mot, "temperature": body.get("temperature"),
             "top_p": body.get("top_p"), "tools": [t[0] for t in tools] or None,
             "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls"), "response_format": fmt,
+            "logprobs": lp or None, "top_logprobs": top if lp else None,
             **{k: body[k] for k in _PASSED if k in body}}
     chat = {k: v for k, v in chat.items() if v is not None}
     echo = {"tools": [t[1] for t in tools], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": boolean(body, "parallel_tool_calls", True), "text": text,
             "max_output_tokens": mot, "temperature": number(body, "temperature", 1.0),
             "top_p": number(body, "top_p", 1.0), "metadata": md or {},
-            "user": body.get("user"), "safety_identifier": body.get("safety_identifier")}
+            "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
+            "top_logprobs": top}
     prev = string(body, "previous_response_id", nonempty=True)
     return ResponsesRequest(model, parse_input(body.get("input")), chat, stream,
                             boolean(body, "store", True), prev,
-                            string(body, "instructions"), echo)
+                            string(body, "instructions"), lp, echo)
 
 
 # chat's parameter names -> the Responses API's, for errors raised by chat's parser.
