@@ -7,11 +7,17 @@ images of the same shape. It reproduces transformers' Qwen2VLImageProcessor:
 * bicubic resize: torch's antialiased bicubic is PIL's filter (a = -0.5, support widened
   when shrinking), in two uint8 passes in PIL's order (see `resize`); the result differs
   from PIL's by at most a level or two of 255 on well under 1% of values (bounded in the
-  tests);
+  tests, for both resampling kernels below);
 * patchify (on uint8, a quarter of the bytes to move) into
   [grid_t * grid_h * grid_w, C * temporal_patch * patch * patch], rows in 2x2 merge-window
   order (the merger concatenates 4 consecutive rows), as transformers does;
 * rescale by 1/255 and normalize with the CLIP mean and std.
+
+One code path for every device: the same functions run where the tensors are, and only the
+resampling kernel inside a pass is torch's choice of device. `kernel="auto"` takes torch's
+uint8 kernel for uint8 on CPU (a port of Pillow-SIMD's fixed-point filter, 10x faster there)
+and the float kernel elsewhere (CUDA has no uint8 one); `kernel="float"` runs the device's
+arithmetic on CPU too, which is how the tests check the GPU path against PIL without a GPU.
 """
 from __future__ import annotations
 
@@ -87,8 +93,18 @@ def smart_resize(height: int, width: int, factor: int = 28, min_pixels: int = 56
     return h_bar, w_bar
 
 
-def _pass(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    if x.dtype == torch.uint8 and x.device.type == "cpu":
+KERNELS = ("auto", "uint8", "float")
+
+
+def _check_kernel(kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"resampling kernel must be one of {', '.join(KERNELS)}, not {kernel!r}")
+
+
+def _pass(x: torch.Tensor, size: tuple[int, int], kernel: str = "auto") -> torch.Tensor:
+    if kernel == "uint8" and x.device.type != "cpu":
+        raise ValueError(f"the uint8 resampling kernel runs on CPU only, not {x.device}")
+    if kernel != "float" and x.dtype == torch.uint8 and x.device.type == "cpu":
         # torch's CPU uint8 antialiased path is a port of Pillow-SIMD's: same fixed-point
         # arithmetic and rounding, and 10x faster than the float path.
         return F.interpolate(x, size=size, mode="bicubic", antialias=True)
@@ -97,8 +113,9 @@ def _pass(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return y.round_().clamp_(0, 255).to(torch.uint8)
 
 
-def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """uint8 [N, C, H, W] -> uint8 [N, C, h, w], PIL-style bicubic.
+def resize(x: torch.Tensor, size: tuple[int, int], kernel: str = "auto") -> torch.Tensor:
+    """uint8 [N, C, H, W] -> uint8 [N, C, h, w], PIL-style bicubic (`kernel`: see the
+    module docstring).
 
     Two separable passes, each rounded and clipped to uint8 as PIL keeps its intermediate
     image in uint8: at sharp edges the bicubic overshoot of the first pass is clipped
@@ -107,13 +124,14 @@ def resize(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     test images) runs the vertical pass first exactly when it shrinks the height while the
     width grows, else the horizontal one first. A pass at unchanged size is skipped: the
     kernel is 1 at 0 and 0 at +-1, +-2, so it would be the identity."""
+    _check_kernel(kernel)
     h, w = x.shape[-2:]
     nh, nw = size
     for axis in ("v", "h") if (nh < h and nw > w) else ("h", "v"):
         cur_h, cur_w = x.shape[-2:]
         target = (cur_h, nw) if axis == "h" else (nh, cur_w)
         if target != (cur_h, cur_w):
-            x = _pass(x, target)
+            x = _pass(x, target, kernel)
     return x
 
 
@@ -166,16 +184,19 @@ def _as_tensor(img, device) -> torch.Tensor:
 
 
 def preprocess_images(images: Sequence, s: ProcessorSettings = ProcessorSettings(),
-                      device: str | torch.device = "cpu") -> list[Patches]:
-    """RGB uint8 images [H, W, 3] -> one Patches each, in order. Images of equal size are
-    resized in one batched call."""
+                      device: str | torch.device = "cpu", kernel: str = "auto"
+                      ) -> list[Patches]:
+    """RGB uint8 images [H, W, 3] -> one Patches each, in order, on `device`. Images of
+    equal size are resized in one batched call."""
+    _check_kernel(kernel)
     groups: dict[tuple[int, int], list[int]] = {}
     for i, img in enumerate(images):
         groups.setdefault(tuple(img.shape[:2]), []).append(i)
     out: list[Patches | None] = [None] * len(images)
     for (h, w), idx in groups.items():
         size = smart_resize(h, w, s.factor, s.min_pixels, s.max_pixels)
-        batch = resize(torch.stack([_as_tensor(images[i], device) for i in idx]), size)
+        batch = resize(torch.stack([_as_tensor(images[i], device) for i in idx]), size,
+                       kernel)
         for j, i in enumerate(idx):
             out[i] = to_patches(batch[j:j + 1], s)
     return out  # type: ignore[return-value]
@@ -189,12 +210,13 @@ def video_size(n: int, height: int, width: int, s: ProcessorSettings) -> tuple[i
 
 
 def preprocess_video(frames, s: ProcessorSettings = ProcessorSettings(),
-                     device: str | torch.device = "cpu") -> Patches:
-    """RGB uint8 frames [T, H, W, 3] -> Patches with grid_t = ceil(T / tps)."""
+                     device: str | torch.device = "cpu", kernel: str = "auto") -> Patches:
+    """RGB uint8 frames [T, H, W, 3] -> Patches with grid_t = ceil(T / tps), on `device`."""
+    _check_kernel(kernel)
     t, h, w = frames.shape[:3]
     size = video_size(t, h, w, s)
     parts = []
     for a in range(0, t, _FRAME_BATCH):
         chunk = torch.stack([_as_tensor(f, device) for f in frames[a:a + _FRAME_BATCH]])
-        parts.append(resize(chunk, size))
+        parts.append(resize(chunk, size, kernel))
     return to_patches(torch.cat(parts), s)
