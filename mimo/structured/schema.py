@@ -188,3 +188,44 @@ def _bound(s: Any, value: bool = True) -> Any:
 
 def _num(v: Any) -> float:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+
+
+def nested(schema: Any, prefix: str) -> tuple[Any, dict]:
+    """`schema` made to sit inside another document (a forced call's `arguments`): its
+    `$defs` / `definitions` returned renamed under `prefix`, for the outer document's
+    `$defs`, and its local `$ref`s (`#`, `#/$defs/...`, `#/definitions/...`) rewritten to
+    them; without this they would resolve against the outer document's root."""
+    if not isinstance(schema, dict):
+        return schema, {}
+    names = {f"#/{kind}/{n}": f"#/$defs/{prefix}{kind.strip('$')}_{n}"
+             for kind in _DEFS if isinstance(schema.get(kind), dict) for n in schema[kind]}
+    root = f"#/$defs/{prefix}root"
+    used_root = False
+
+    def ref(r: str) -> str:
+        nonlocal used_root
+        if r == "#":
+            used_root = True
+            return root
+        for old, new in names.items():
+            if r == old or r.startswith(old + "/"):
+                return new + r[len(old):]
+        return r
+
+    def rewrite(node: Any, top: bool = False) -> Any:
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: rewrite(v) for k, v in node.items() if not (top and k in _DEFS)}
+        if isinstance(node.get("$ref"), str):
+            out["$ref"] = ref(node["$ref"])
+        return out
+
+    body = rewrite(schema, top=True)
+    defs = {names[f"#/{kind}/{n}"][len("#/$defs/"):]: rewrite(v)
+            for kind in _DEFS if isinstance(schema.get(kind), dict)
+            for n, v in schema[kind].items()}
+    if used_root:
+        defs[root[len("#/$defs/"):]] = body
+    return body, defs

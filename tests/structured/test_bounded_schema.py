@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from mimo.structured import Grammar, bounded_schema, closed, grammar_vocab
+from mimo.structured.schema import nested
 
 NESTED = {"type": "object", "properties": {
     "a": {"type": "integer"},
@@ -185,3 +186,16 @@ def test_random_walks_end_within_the_bounds(vocab, i, seed):
     for num in re.findall(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", bare):
         whole, _, frac = num.lstrip("-").partition(".")
         assert len(whole) <= 16 and len(frac) <= 10 and "e" not in num.lower(), num
+
+
+def test_a_schema_nested_in_another_keeps_its_references(vocab):
+    tree = {"type": "object", "definitions": {"Leaf": {"enum": [1, 2]}},
+            "properties": {"v": {"$ref": "#/definitions/Leaf"},
+                           "kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+            "required": ["v"]}
+    body, defs = nested(tree, "t_")
+    outer = {"type": "object", "properties": {"a": body}, "required": ["a"], "$defs": defs}
+    doc = '{"a":{"v":1,"kids":[{"v":2,"kids":[]},{"v":1}]}}'
+    assert takes(vocab, outer, doc)
+    jsonschema.validate(json.loads(doc)["a"], tree)
+    assert not takes(vocab, outer, '{"a":{"v":3}}')

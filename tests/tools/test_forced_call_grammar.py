@@ -88,3 +88,45 @@ def test_random_walks_parse_into_valid_calls(vocab, family, seed):
     jsonschema.validate(args, SCHEMAS[calls[0].name])
     if family == "mimo":
         assert "<function=" in text and '"arguments"' not in text
+
+
+# Pydantic writes nested models as definitions: `$defs` beside the properties and `$ref`s to
+# them, which must resolve inside the call (its arguments are not the document's root).
+DEFS = {"type": "object", "$defs": {
+    "Unit": {"enum": ["C", "F"]},
+    "Place": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                               "unit": {"$ref": "#/$defs/Unit"}},
+              "required": ["city", "unit"]}},
+    "properties": {"place": {"$ref": "#/$defs/Place"},
+                   "days": {"type": "integer", "minimum": 1, "maximum": 9}},
+    "required": ["place", "days"]}
+DEF_TOOLS = (Tool("forecast", "", DEFS), Tool("search", "", SEARCH))
+
+
+@pytest.mark.parametrize("family", ["mimo", "hermes"])
+@pytest.mark.parametrize("seed", range(4))
+def test_tools_with_definitions(vocab, family, seed):
+    tok, v, eos = vocab
+    fmt = FORMATS[family]
+    args = {"place": {"city": "Oslo", "unit": "C"}, "days": 2}
+    m = forced_call(fmt, DEF_TOOLS).compile(v).matcher()
+    body = json.dumps({"name": "forecast", "arguments": args}, separators=(",", ":"))
+    text = (fmt.call_prefix + body + fmt.call_suffix if family == "hermes"
+            else fmt.write("forecast", args))
+    assert m.consume(tok.encode(text, add_special_tokens=False)) and m.done
+    m = forced_call(fmt, DEF_TOOLS).compile(v).matcher()
+    rng = random.Random(seed)
+    out: list[int] = []
+    while not m.done and len(out) < 400:
+        allowed = torch.nonzero(m.allowed()).squeeze(1).tolist()
+        t = rng.choice([t for t in allowed if t not in eos] or allowed)
+        assert m.consume([t])
+        out.append(t)
+    assert m.done, tok.decode(out)
+    p = OutputParser(fmt, tools=True, reasoning=False,
+                     schemas={t.name: t.parameters for t in DEF_TOOLS})
+    p.feed(tok.decode(out))
+    p.finish()
+    (call,) = p.out.calls
+    jsonschema.validate(json.loads(call.arguments), {t.name: t.parameters
+                                                     for t in DEF_TOOLS}[call.name])

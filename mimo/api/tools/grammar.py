@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 
 from ...structured.request import GrammarRequest, embedded_json
+from ...structured.schema import nested
 from ...tools.formats import ToolFormat
 from .spec import Tool
 
@@ -32,10 +33,17 @@ def forced_call(fmt: ToolFormat, tools: tuple[Tool, ...]) -> GrammarRequest:
 
 
 def _json_call(tools: tuple[Tool, ...]) -> str:
-    alts = [{"type": "object", "properties": {"name": {"const": t.name},
-                                              "arguments": t.parameters},
-             "required": ["name", "arguments"], "additionalProperties": False} for t in tools]
-    schema = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    alts, defs = [], {}
+    for i, t in enumerate(tools):
+        # The arguments sit inside the call object: their own definitions move to its root.
+        args, own = nested(t.parameters, f"f{i}_")
+        defs.update(own)
+        alts.append({"type": "object", "properties": {"name": {"const": t.name},
+                                                      "arguments": args},
+                     "required": ["name", "arguments"], "additionalProperties": False})
+    schema: dict = alts[0] if len(alts) == 1 else {"anyOf": alts}
+    if defs:
+        schema = {**schema, "$defs": defs}
     return f"call: {embedded_json(schema)}\n"
 
 
@@ -46,19 +54,21 @@ def _xml_calls(tools: tuple[Tool, ...]) -> str:
     rules = ["call: " + " | ".join(f"f{i}" for i in range(len(tools)))]
     for i, t in enumerate(tools):
         props = t.parameters.get("properties") or {}
+        # Each value is its own JSON document: the tool's definitions go with it.
+        defs = {k: t.parameters[k] for k in ("$defs", "definitions") if k in t.parameters}
         required = [k for k in t.parameters.get("required") or [] if k in props]
         optional = [k for k in props if k not in required]
         parts = []
         for j, key in enumerate(required + optional):
             parts.append(f"p{i}_{j}" + ("?" if key in optional else ""))
             rules.append(f"p{i}_{j}: {_lit(f'<parameter={key}>' + chr(10))} v{i}_{j} \"\\n\"")
-            rules.append(_value_rule(f"v{i}_{j}", props[key]))
+            rules.append(_value_rule(f"v{i}_{j}", props[key], defs))
         rules.append(f"f{i}: {_lit(f'<function={t.name}>' + chr(10))} {' '.join(parts)} "
                      f"\"</function>\"")
     return "\n".join(rules) + "\n"
 
 
-def _value_rule(name: str, schema: dict) -> str:
+def _value_rule(name: str, schema: dict, defs: dict) -> str:
     """One argument's value and the `</parameter>` that closes it."""
     choices = schema.get("enum", [schema["const"]] if "const" in schema else None)
     if choices is not None:
@@ -74,4 +84,4 @@ def _value_rule(name: str, schema: dict) -> str:
         else:
             text = "([^<]|<[^/])" + (f"{{{lo},}}" if lo else "*")
         return f"{name}: {name.upper()}\n{name.upper()}: /{text}\\n<\\/parameter>/"
-    return f"{name}: {embedded_json(schema)} {_lit(_END)}"
+    return f"{name}: {embedded_json({**schema, **defs})} {_lit(_END)}"
