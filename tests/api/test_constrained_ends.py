@@ -31,7 +31,7 @@ READING = {"type": "object", "properties": {
     "required": ["sensor", "value", "count", "ok"]}
 ORDER = {"type": "object", "properties": {
     "id": {"type": "integer", "minimum": 0},
-    "lines": {"type": "array", "maxItems": 3, "items": {"type": "object", "properties": {
+    "lines": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {
         "sku": {"type": "string", "maxLength": 12}, "qty": {"type": "integer"}},
         "required": ["sku", "qty"]}}},
     "required": ["id", "lines"], "additionalProperties": False}
