@@ -37,7 +37,8 @@ from mimo import LLM, SamplingParams
 from mimo.engine.engine import RequestError, StepFailed
 from mimo.engine.parts import EngineParts
 from mimo.engine.prefill_planner import ChunkedPrefill
-from mimo.kvcache.allocator import IN_USE, OutOfPages
+from mimo.kvcache.allocator import EVICTABLE, FREE, IN_USE, OutOfPages
+from mimo.kvcache.layout import swa_steady_pages, swa_transient_pages
 from mimo.kvcache.retention import POLICIES
 from mimo.models.hf_config import model_config_from_hf
 from mimo.models.registry import LoadedModel
@@ -207,7 +208,25 @@ def make_case(seed: int, tight: bool = False) -> Case:
     # multiples of the pools' budget. Drawn last: the earlier draws of a seed stay the same.
     if opts["prefix_cache"] and rng.random() < 0.4:
         case.opts["_host"] = rng.choice([0.5, 1.0, 3.0])
+    if rng.random() < 0.3:
+        case.opts["_swa_pages"] = edge_swa_pages(case, rng.randint(0, 2))
     return case
+
+
+def edge_swa_pages(case: Case, slack: int) -> int:
+    """An SWA pool at the edge: the largest request's steady window (as its drafts and a
+    lagging drafter widen it) plus one prefill chunk's transient pages, plus `slack`. A
+    request then runs alone, or beside few others, with nothing to spare while it decodes
+    past the windows the prefix cache locked for it."""
+    o, W = case.opts, case.model[1]
+    spec = o.get("speculative")
+    nd = o.get("num_draft_tokens", 0) if spec else 0
+    if spec == "mtp":           # drafts clamped to the 2 MTP layers; release lags by 2
+        nd = min(nd, 2) + 2
+    P = o["page_size"]
+    longest = max(len(r.prompt) + r.params.max_tokens for r in case.reqs)
+    return (swa_steady_pages(W + nd, P, longest)
+            + swa_transient_pages(o["max_num_batched_tokens"], P) + slack)
 
 
 class FaultyPrefill(ChunkedPrefill):
@@ -325,6 +344,10 @@ def run_case(case: Case) -> dict:
         assert step < MAX_STEPS, "engine did not drain"
     eng.check_integrity()
     fa, sa = eng.pool.full.allocator, eng.pool.swa.allocator
+    for a in (fa, sa):          # free + evictable + in_use == capacity, page by page
+        counts = [int((a._state == st).sum()) for st in (FREE, EVICTABLE, IN_USE)]
+        assert counts == [a.num_free, a.num_evictable, a.num_in_use], a.name
+        assert sum(counts) == a.capacity, a.name
     assert fa.num_in_use == 0 and sa.num_in_use == 0, "pages in use at idle"
     ties = 0
     for r in live:
