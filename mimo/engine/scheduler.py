@@ -9,42 +9,41 @@ Admission (`SchedulerConfig.admission`) 'reserve' reserves each request's worst 
 preempts the newest running request while decoding requests could not grow (`preempt`:
 its KV goes to the prefix cache, it rejoins the queue with its arrival time and resumes by
 prefilling prompt + output so far, mostly cache hits); either pool running short for the
-decodes preempts. SWA is always reserved as below.
-With 'reserve': Full pool: pages for prompt + max_tokens. SWA
-pool: every running request's steady window (window + one page), plus one step's transient
-prefill pages, shared by all (a prefill chunk briefly holds window + chunk; the excess is
-released at the end of its step). So decode tokens can always grow, at least one prefill
-chunk fits every step, nothing deadlocks and no request dies mid-generation; a request that
-does not fit waits until running ones finish and free their pages.
+decodes preempts. SWA is always reserved as below. With 'reserve': Full pool: pages for
+prompt + max_tokens. SWA pool: every running request's steady window (window + one page),
+plus one step's transient prefill pages, shared by all (a prefill chunk briefly holds
+window + chunk; the excess is released at the end of its step). So decode tokens can always
+grow, at least one prefill chunk fits every step, nothing deadlocks and no request dies
+mid-generation; a request that does not fit waits until running ones finish.
 
 The lock rule (what the prefix cache's lock pins against what is reserved), kept here in
-`need` and in `RadixPrefixCache.sync` / `pinned_outside`: every full page a running request's
-lock pins is in the request's own table (sync adopts the tree's copy of tokens the request
-recomputed before moving the lock onto it), and so is counted by its full reservation; the
-SWA pages the lock pins are the window before the lock's node, and those of them no longer
-in the table (window release moved on) are added to its SWA reservation. So a page is
+`need` and in `RadixPrefixCache.sync` / `window_released`: a running request's lock pins
+only pages in its own tables, which its reservation counts. Full: sync adopts the tree's
+copy of tokens the request recomputed before moving the lock onto it. SWA: the lock pins
+the window before its node, and `window_released` (after every window release) unpins the
+pages of it the table no longer holds, so decoding past the cached window holds no more
+than the steady window reserved at admission. `need` adds whatever a cache still pins
+outside the tables (`pinned_outside`; the radix cache: nothing, between steps). So a page is
 reserved once, and a pinned page admission had counted as evictable is always reserved.
 Under 'reserve' an `OutOfPages` is therefore a bug (logged as one by the engine).
 
 Prefixes in flight: a waiting request is passed over (not blocking those behind it) while a
-running request that is still prefilling will compute at least one more page of the prefix
-the two share beyond what the waiting one has cached (`_shares_work`). It is admitted once
-that part is computed and in the prefix cache: shared tokens are computed once, not once per
-request that arrived before they were done, and what a request reuses is what its worker
-holds or is computing (what the router's prediction credits: mimo/router/router.py).
+running request still prefilling will compute at least one more page of the prefix the two
+share beyond what the waiting one has cached (`_shares_work`); it is admitted once that part
+is in the prefix cache. Shared tokens are computed once, and what a request reuses is what
+its worker holds or is computing (what the router's prediction credits: mimo/router).
 
 A step that raises fails only the requests it touched (`touched`, `fail`): their pages are
-freed and none of their KV is cached; the next step goes on (LLMEngine.step).
+freed, none of their KV is cached, and the next step goes on (LLMEngine.step).
 
 Speculative decoding (`num_draft` > 0): a decoding request's chunk is its last token plus up
-to `num_draft` draft tokens, all verified in the step. Drafts are cut so that every token a
-step can emit fits in max_tokens, hence the full reservation is unchanged; the steady SWA
-reservation grows to window + num_draft (a verify chunk holds the window behind its last
-token plus the drafts). After verification `commit` keeps the accepted positions' KV and
-frees the pages past them; SWA release only follows the accepted length, so a rollback never
-needs SWA KV that was already released. A drafter with its own SWA-kind layers (MTP) reads
-their KV up to `swa_lag` positions behind the computed length: release trails by that much and
-the steady SWA reservation grows by it.
+to `num_draft` draft tokens, all verified in the step, cut so that every token a step can
+emit fits in max_tokens (the full reservation is unchanged); the steady SWA reservation grows
+to window + num_draft (a verify chunk holds the window behind its last token plus the
+drafts). `commit` keeps the accepted positions' KV and frees the pages past them; SWA release
+follows the accepted length, so a rollback never needs released SWA KV. A drafter with its
+own SWA-kind layers (MTP) reads their KV up to `swa_lag` positions behind the computed
+length: release trails by that much and the steady SWA reservation grows by it.
 """
 from __future__ import annotations
 
@@ -121,9 +120,8 @@ class Scheduler:
     def need(self, seq: Sequence, kv=None, worst: bool = False) -> tuple[int, int]:
         """(full pages, steady SWA pages) the request may hold between steps. Full: every
         token it may ever hold when admission reserves (or `worst`), else its prefill and
-        one decode page (optimistic: decode growth beyond that is met by preemption). SWA:
-        always reserved exactly, its window plus the pages it holds for the prefix cache's
-        retention checkpoints."""
+        one decode page (optimistic: growth beyond is met by preemption). SWA: always exact,
+        its window plus the pages it holds for the prefix cache's retention checkpoints."""
         P = self.pool.page_size
         kv = kv if kv is not None else seq.kv
         if worst or self.cfg.admission == "reserve":
@@ -369,15 +367,16 @@ class Scheduler:
             seq.num_computed = c.start + k
             if k < c.n:                     # rejected drafts: roll their KV back
                 self.pool.truncate(kv, seq.num_computed)
-            # SWA is kept from `kept_from` on (a lagging drafter still reads it); the cache
-            # takes KV only up to there (the lock rule above).
+            # SWA is kept from `kept_from` on (a lagging drafter reads it). Prompt KV is shared
+            # up to there as it is made (a concurrent request with the same prefix reuses it),
+            # before window release, which may free pages the tree would keep.
             kept_from = max(0, seq.num_computed - self.swa_lag)
-            # Share prompt KV as it is made (a concurrent request with the same prefix
-            # reuses it); before window release, which may free pages the tree would keep.
             cache = self._cache_of(seq)
             if cache is not None and seq.finish_reason is None and c.start < seq.prefill_end:
                 cache.sync(kv, seq.all_ids[:kept_from], len(seq.prompt_ids))
             self.pool.release_window(kv, kept_from)
+            if cache is not None:
+                cache.window_released(kv)
         for seq in [c.seq for c in chunks if c.seq.finish_reason is not None]:
             self.finish(seq)
 

@@ -50,6 +50,11 @@ class PrefixCache(ABC):
         protection and its pages and leave the cache as the match found it."""
         self.finish(seq, [], 0)
 
+    def window_released(self, seq: SeqKV) -> None:
+        """`DualPool.release_window` dropped SWA pages from the request's table: protection
+        on pages it will not read again may go (called after every release)."""
+        return None
+
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
         """(full, SWA) pages the request's protection keeps in use that are not in its own
         tables. The scheduler reserves them for the request (the rule in scheduler.py)."""

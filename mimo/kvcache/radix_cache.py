@@ -4,18 +4,25 @@ pages between its SeqKV and the tree, keeping every page owned exactly once.
 Ownership: a page in `seq.full_pages` / `seq.swa_pages` is either the request's own (freed
 by `DualPool.free_seq`) or the tree's (`tree.owns_*`), which the request never frees.
 
-Invariant while a request runs: every tree page in its tables is covered by its lock. The
-request locks the node ending at `E` (full KV of [0, E), SWA of the window before E); its
-tables hold tree pages only below E, and tree SWA pages only inside that window (older
-ones are dropped from the table by window release, which runs after each sync). So the
-tree can evict anything else at any time without pulling KV from under a running request.
+Invariant while a request runs: every tree page in its tables is covered by its lock, and
+(between steps) its lock pins no page outside its tables. The request locks the node ending
+at `E` (full KV of [0, E), SWA of the window before E); its tables hold tree pages only
+below E, and tree SWA pages only inside that window (older ones are dropped from the table
+by window release, which runs after each sync). When window release drops pages of the
+lock's window from the table (decoding moved past them), `window_released` unpins them: the
+request no longer reads them, and holding them would make the request hold more SWA pages
+than its reservation (its live window) while it decodes. So the tree can evict anything else
+at any time without pulling KV from under a running request, and everything a lock pins is
+in a table the scheduler reserved.
 
 A request inserts its KV after every prefill chunk (`sync`, up to where its window release
 stands): the tree takes the new pages it wants (never reviving tombstones: a revived page
 could sit beyond E), the request adopts the tree's copy of any tokens it recomputed, and
 moves its lock to the new window-safe end. So the lock's full pages are the request's
-table, and the scheduler reserves the lock's window pages the table no longer holds
-(`pinned_outside`; the rule is stated in engine/scheduler.py). At the end (`finish`) the
+table, and its window pages are too once `window_released` has let go of the ones the table
+no longer holds (`pinned_outside`, which the scheduler adds to the reservation, counts
+whatever is left: nothing after a step; the rule is stated in engine/scheduler.py). At the
+end (`finish`) the
 tree takes what it wants, reviving tombstones with pages the request recomputed, and the
 rest is freed.
 """
@@ -138,8 +145,26 @@ class RadixPrefixCache(PrefixCache):
                if self.pool.hybrid else {})
         if full or swa:
             self.pool.adopt(seq, full, swa)
-        self.tree.unlock(locked, seq.lock_window)
-        seq.node, seq.lock_window = m.node, True
+        self.tree.unlock(locked, seq.lock_window, unpinned=seq.unpinned)
+        seq.node, seq.lock_window, seq.unpinned = m.node, True, 0
+
+    def window_released(self, seq: SeqKV) -> None:
+        """Window release dropped SWA pages from the request's table: let go of the lock's
+        pins on the leading pages of its window that the table no longer holds (the
+        request never reads them again). The rest of the window, and the full lock, stay."""
+        node = _locked(seq)
+        if node is None or not seq.lock_window or not self.pool.hybrid:
+            return
+        table, upto = seq.swa_pages, seq.unpinned
+        for g, page in sorted(self.tree.window_of(node)):
+            if g < upto:
+                continue
+            if g < len(table) and table[g] == page:
+                break
+            upto = g + 1
+        if upto > seq.unpinned:
+            self.tree.unpin(node, seq.unpinned, upto)
+            seq.unpinned = upto
 
     def finish(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
         """Offer the finished (or aborted) request's KV to the tree, then let go of
@@ -151,26 +176,27 @@ class RadixPrefixCache(PrefixCache):
                                    prompt_len=prompt_len, branch_len=seq.branch_len)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)
-        node, seq.node, window = _locked(seq), None, seq.lock_window
+        node, seq.node, window, unpinned = _locked(seq), None, seq.lock_window, seq.unpinned
         self.pool.free_seq(seq)        # frees only pages the tree does not own
-        self.tree.unlock(node, window)
+        self.tree.unlock(node, window, unpinned=unpinned)
 
     def release(self, seq: SeqKV) -> None:
         """Undo `admit`: no KV offered, and a rebuild match's leaf is left as it was (its
         full KV is what a later admission rebuilds from; finishing would trim it)."""
-        node, seq.node, window = _locked(seq), None, seq.lock_window
+        node, seq.node, window, unpinned = _locked(seq), None, seq.lock_window, seq.unpinned
         self.pool.free_seq(seq)
-        self.tree.unlock(node, window, fix=False)
+        self.tree.unlock(node, window, fix=False, unpinned=unpinned)
 
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
-        """SWA pages of the lock's window that the request's table no longer holds (window
-        release dropped them while the lock stays). Full: none, since the lock's path is
-        the request's own table (`sync` adopts the tree's copy before locking it)."""
+        """SWA pages the lock still pins that the request's table no longer holds (none once
+        `window_released` has run after window release). Full: none, since the lock's path
+        is the request's own table (`sync` adopts the tree's copy before locking it)."""
         node = _locked(seq)
         if node is None or not seq.lock_window or not self.pool.hybrid:
             return 0, 0
         table = seq.swa_pages
-        return 0, sum(g >= len(table) or table[g] != page for g, page in self.tree.window_of(node))
+        return 0, sum(g >= seq.unpinned and (g >= len(table) or table[g] != page)
+                      for g, page in self.tree.window_of(node))
 
     # ---- room ---------------------------------------------------------------------------
     def make_room(self, full: int, swa: int) -> None:

@@ -129,9 +129,10 @@ class EvictMixin(TreeCore):
 
     def _protects(self, leaf) -> bool:
         """Whether SWA-only eviction must keep the leaf's tail window beyond its SWA locks.
-        A locked leaf's window is locked page by page (`lock`), or, under a rebuild lock,
-        recomputed by that request, which reads none of it: nothing more to keep. An
-        unlocked leaf's window is kept unless a rebuild would replace it: a rebuild from
+        A locked leaf's window is locked page by page (`lock`) where its requests read it;
+        under a rebuild lock they recompute it, and pages they moved past (`unpin`) they
+        no longer read: nothing more to keep. An unlocked leaf's window is kept unless a
+        rebuild would replace it: a rebuild from
         the leaf's end starts after 0 and no window-safe point lies between its start and
         the end (else a match would stop there and the leaf's tail past it would be dead
         weight)."""
@@ -237,7 +238,7 @@ class EvictMixin(TreeCore):
         P, ff, fs = self.P, 0, 0
         while node.parent is not None and not node.children:
             if node.lock_ref:
-                break               # a locked leaf is a match node: its window is locked
+                break               # a locked leaf is a match node: unlock fixes it
             if not self.hybrid:
                 break
             s, e = node.start // P, node.end // P
@@ -292,9 +293,10 @@ class EvictMixin(TreeCore):
                 assert self._swa_pool._state[sp] == want, f"SWA page {sp} in wrong state"
                 evict_s += want == EVICTABLE
             if not n.children and not n.lock_ref and not self._rebuild_reaches(n):
-                # (A locked leaf's window is locked, so live, except under a rebuild lock:
-                # that request recomputes it, and unlock fixes the leaf if it must. A leaf a
-                # rebuild can reach may have lost its window.)
+                # (A locked leaf's window is live where a window lock pins it; a rebuild
+                # lock's request recomputes it and a request past it (`unpin`) no longer
+                # reads it: unlock fixes the leaf if it must. A leaf a rebuild can reach
+                # may have lost its window.)
                 assert all(m.swa[i] >= 0 for m, i in self._window(n)), \
                     f"leaf ending at {n.end} is not window-safe (tombstoned tail)"
         assert int(self._own_f.sum()) == len(seen_f) and all(self._own_f[list(seen_f)])

@@ -11,16 +11,17 @@ Invariants (all checked by `check_integrity`):
   covers it and EVICTABLE (parked) otherwise; the tree is the only one that parks pages;
 - full locks cover a locked node and its ancestors (`lock_ref`); SWA locks cover only the
   window before a locked node's end (`swa_lock`), so SWA outside a running request's window
-  can still be freed;
+  can still be freed; and only while the request reads it: once decoding has moved past a
+  page of that window, `unpin` lets go of it;
 - every leaf's end is reachable: window-safe, so a leaf is never a tombstone and no full
   KV is cached that no match could reach. Insert trims to the last safe point, SWA eviction
   never frees a page inside a protected leaf's tail window, and evicting a leaf trims its
   parent if needed. Two relaxations come with window rebuild (`rebuild`, see `match`):
   a leaf longer than a receptive field may end where its window is gone, since a rebuild
   reuses all but about a receptive field of it (SWA-only eviction may free such a leaf's
-  window, `radix_evict._protects`); and a leaf under a rebuild lock may end in a dead
-  window while its request recomputes it (unlocking trims it if the request did not
-  extend it);
+  window, `radix_evict._protects`); and a leaf under a rebuild lock, or under a lock
+  whose request moved past its window (`unpin`), may end in a dead window (unlocking
+  trims it if the request did not extend it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
 
@@ -32,8 +33,8 @@ turns match the new end; the old one is only a fallback for forks).
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
 holding every layer, every cached prefix reusable) and 'off' (no caching).
-Eviction, trimming and the integrity check live in `radix_evict.py`, nodes and the
-structural helpers in `radix_node.py`.
+Locks live in `radix_lock.py`; eviction, trimming and the integrity check in
+`radix_evict.py`; nodes and the structural helpers in `radix_node.py`.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from typing import Protocol
 import numpy as np
 
 from .allocator import PageAllocator
-from .radix_evict import EvictMixin
+from .radix_lock import LockMixin
 from .radix_node import NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node, TreeCore  # noqa: F401
 from .retention import RetentionPolicy, window_first_page
 
@@ -60,7 +61,7 @@ class TreeListener(Protocol):
         """Just before eviction frees these local pages of `node` (its keys still valid)."""
 
 
-class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
+class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on TreeCore
     def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
                  swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
                  mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None,
@@ -119,7 +120,7 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
     def owns_swa(self, page: int) -> bool:
         return self.hybrid and bool(self._own_s[page])
 
-    # ---- match / lock ------------------------------------------------------------------
+    # ---- match -------------------------------------------------------------------------
     def match(self, tokens, namespace: Hashable = None, count: bool = True,
               rebuild: int | None = None) -> MatchResult:
         """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
@@ -251,59 +252,6 @@ class RadixTree(EvictMixin):           # EvictMixin builds on TreeCore
             if r is root:
                 return ns
         raise KeyError("not a root of this tree")
-
-    def lock(self, node: Node | None, window: bool = True) -> None:
-        """Keep the full KV of root..node and the SWA window before node.end (the pages a
-        request admitted with this match reads) from eviction. `window=False`: the full KV
-        only (a rebuild match, whose window is what the request recomputes); unlock the
-        same way."""
-        if node is None or node.parent is None:
-            return
-        n = node
-        while n.parent is not None:
-            n.lock_ref += 1
-            if n.lock_ref == 1:
-                self.full_alloc.unpark(n.full)
-            n = n.parent
-        for n, i in (self._window(node) if self.hybrid and window else ()):
-            assert n.swa[i] >= 0, "locking a window that is not live"
-            c = n.swa_lock.get(i, 0)
-            n.swa_lock[i] = c + 1
-            if c == 0:
-                self._swa_pool.unpark([n.swa[i]])
-
-    def window_of(self, node: Node | None) -> list[tuple[int, int]]:
-        """(logical page, SWA page) of the window a window lock on `node` pins."""
-        if node is None or node.parent is None or not self.hybrid:
-            return []
-        return [(n.start // self.P + i, n.swa[i]) for n, i in self._window(node)]
-
-    def unlock(self, node: Node | None, window: bool = True, fix: bool = True) -> None:
-        """Undo `lock`. `fix=False`: leave a rebuild-locked leaf untrimmed (the match is
-        being handed back unused, so its leaf is exactly as the match found it)."""
-        if node is None or node.parent is None:
-            return
-        for n, i in (self._window(node) if self.hybrid and window else ()):
-            c = n.swa_lock[i] - 1
-            if c:
-                n.swa_lock[i] = c
-            else:
-                del n.swa_lock[i]
-                self._swa_pool.park([n.swa[i]])
-                self._push_swa(n)
-        n = node
-        while n.parent is not None:
-            n.lock_ref -= 1
-            assert n.lock_ref >= 0, "unlock without lock"
-            if n.lock_ref == 0:
-                self.full_alloc.park(n.full)
-                self._push_leaf(n)
-            n = n.parent
-        if (fix and not window and self.hybrid and node.alive and not node.children
-                and not node.lock_ref):
-            # A rebuild lock may have kept a leaf whose window is gone (its subtree was
-            # evicted meanwhile and the request did not extend it): cut it back to safety.
-            self._fix_leaf(node)
 
     # ---- insert ------------------------------------------------------------------------
     def checkpoints(self, total_len: int, prompt_len: int | None, branch_len: int) -> list[int]:

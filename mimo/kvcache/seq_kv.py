@@ -29,3 +29,6 @@ class SeqKV:
     swa_floor: int = 0
     swa_exact_from: int = 0
     lock_window: bool = True   # its cache lock covers the SWA window (False: rebuild lock)
+    # Logical page below which the lock no longer pins its window: the request decoded past
+    # those pages and window release dropped them (`PrefixCache.window_released`).
+    unpinned: int = 0

@@ -81,18 +81,29 @@ def test_a_request_that_recomputed_cached_tokens_pins_only_pages_in_its_table():
     assert h.pool.full.allocator.num_in_use == 0
 
 
-def test_the_reservation_counts_the_window_a_lock_pins_outside_the_table():
-    """Decoding moves the request's own window on; the window before its lock's node stays
-    pinned. `need` counts those pages, so admission cannot promise them to another request."""
+def test_decoding_past_the_locked_window_lets_go_of_it():
+    """Decoding moves the request's own window on, past the window before its lock's node
+    (its prompt's end). The lock lets go of those pages as window release drops them from
+    the table: they stay cached but evictable, the request's SWA need is its steady window
+    again (nothing pinned outside its table), and its full lock stays."""
+    from mimo.kvcache.allocator import EVICTABLE, IN_USE
+    from mimo.kvcache.layout import swa_steady_pages
     h = Harness(window=6, page=2, chunk=64)
     seq = h.add(_tokens(30, seed=2), max_tokens=20)
+    h.step()                                        # the whole prompt: cached, locked
+    node = seq.kv.node
+    window = [p for _, p in h.cache.tree.window_of(node)]
+    sa, fa = h.pool.swa.allocator, h.pool.full.allocator
+    assert len(window) == 3 and all(sa._state[p] == IN_USE for p in window)
     h.run(until=lambda: len(seq.output_ids) >= 12)
-    _, outside = h.cache.pinned_outside(seq.kv)
-    assert outside > 0
-    from mimo.kvcache.layout import swa_steady_pages
+    assert seq.kv.node is node
+    assert all(sa._state[p] == EVICTABLE for p in window)
+    assert all(fa._state[p] == IN_USE for p in seq.kv.full_pages)
+    assert h.cache.pinned_outside(seq.kv) == (0, 0)
     steady = swa_steady_pages(h.pool.window, h.pool.page_size, seq.max_len)
-    assert h.sched.need(seq)[1] == steady + len(seq.kv.keep_swa) + outside
+    assert h.sched.need(seq)[1] == steady + len(seq.kv.keep_swa)
     h.run()
+    h.check_idle()
 
 
 def test_a_failed_admission_keeps_the_rebuildable_prefix_it_matched():

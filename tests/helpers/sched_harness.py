@@ -11,6 +11,7 @@ ones plus one more, and commits with the rejected positions rolled back, as the 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable
 
 from mimo.config import SchedulerConfig
@@ -42,11 +43,15 @@ class Harness:
                  admission="reserve", retention="hybrid-output", rebuild=True, swa_layers=3,
                  prefill: PrefillPlanner | None = None, policy="fcfs", cache=True,
                  max_num_seqs=64, length_buckets=None, hybrid=True, num_draft=0,
-                 drafter: Callable[[Sequence, int], list[int]] | None = None):
+                 drafter: Callable[[Sequence, int], list[int]] | None = None,
+                 layout: KVLayout | None = None):
+        """`layout`: a real model's KV shapes (`shape_layout`; its window wins over
+        `window`), else a small hybrid one."""
         full = (LayerKV(1, 2, 2),)
         swa = (LayerKV(1, 2, 2),) * swa_layers
-        layout = (KVLayout(full, swa, window, 4) if hybrid
-                  else KVLayout(full + swa, (), window, 4, hybrid=False))
+        if layout is None:
+            layout = (KVLayout(full, swa, window, 4) if hybrid
+                      else KVLayout(full + swa, (), window, 4, hybrid=False))
         self.pool = DualPool(layout, full_pages, swa_pages, page, allocate=False)
         self.cache = RadixPrefixCache(self.pool, retention, rebuild=rebuild) if cache else None
         cfg = SchedulerConfig(max_num_batched_tokens=chunk, admission=admission, policy=policy,
@@ -117,9 +122,12 @@ class Harness:
 
 
 def check_lock_rule(sched, cache) -> None:
-    """The rule written in scheduler.py: every full page a running request's lock pins is
-    in its own table; its SWA lock pins the window before the node's end, and the pages of
-    it the table no longer holds are the ones `pinned_outside` reports (and `need` adds)."""
+    """The rule written in scheduler.py: a running request's lock pins only pages in its own
+    tables. Full: the lock's path is a prefix of its table. SWA: the window before the
+    node's end, but for the leading pages the request decoded past (`kv.unpinned`), which
+    are no longer in its table; so `pinned_outside` (which `need` adds) is 0. And every SWA
+    lock count in the tree is one of these pins: nothing else holds SWA between steps."""
+    pins: Counter = Counter()
     for seq in sched.running:
         kv, node = seq.kv, seq.kv.node
         if node is None:
@@ -131,6 +139,16 @@ def check_lock_rule(sched, cache) -> None:
         assert kv.full_pages[:len(path)] == path, \
             f"request {seq.id}: its lock pins full pages that are not in its table"
         if kv.lock_window and cache.pool.hybrid:
-            outside = sum(g >= len(kv.swa_pages) or kv.swa_pages[g] != p
-                          for g, p in cache.tree.window_of(node))
-            assert cache.pinned_outside(kv) == (0, outside)
+            for g, p in cache.tree.window_of(node):
+                held = g < len(kv.swa_pages) and kv.swa_pages[g] == p
+                if g >= kv.unpinned:
+                    assert held, f"request {seq.id}: its lock pins SWA page {p} (logical " \
+                                 f"{g}) that is not in its table"
+                    pins[p] += 1
+                else:
+                    assert not held, f"request {seq.id}: unpinned SWA page {p} it still reads"
+            assert cache.pinned_outside(kv) == (0, 0)
+    if cache.pool.hybrid:
+        locked = Counter({n.swa[i]: c for n in cache.tree._nodes()
+                          for i, c in n.swa_lock.items()})
+        assert locked == pins, f"SWA lock counts {dict(locked)} != running requests' pins {dict(pins)}"

@@ -74,6 +74,9 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
     def release(self, seq: SeqKV) -> None:
         self.l1.release(seq)
 
+    def window_released(self, seq: SeqKV) -> None:
+        self.l1.window_released(seq)
+
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
         return self.l1.pinned_outside(seq)
 
