@@ -1,11 +1,19 @@
-"""The engine-level randomized differential test (engine_fuzz.py) on a fixed set of seeds.
-Thousands more run locally: `python tests/helpers/engine_fuzz.py --seeds 0:3000`."""
+"""The engine-level randomized differential test (engine_fuzz.py) on a fixed set of seeds (what
+CI, CI=1, runs). Thousands more run locally: `python tests/helpers/engine_fuzz.py --seeds
+0:3000`, or through pytest with ENGINE_FUZZ_SEEDS=lo:hi (added to the fixed set)."""
+import os
+
 import pytest
 from helpers import engine_fuzz
 
 # A fixed spread over models, page sizes, admission modes and drafters, plus seeds that
-# failed before the fixes they name (MTP lag: 44, 92, 99; SWA pinned by a lock: 314, 333).
-SEEDS = list(range(0, 40)) + [44, 92, 99, 103, 112, 130, 171, 175, 193, 205, 244, 314, 333]
+# failed before the fixes they name (MTP lag: 44, 92, 99; SWA pinned by a lock: 314, 333;
+# a lock pinning the window decoding had moved past, in an SWA pool at the edge: 213).
+SEEDS = list(range(0, 40)) + [44, 92, 99, 103, 112, 130, 171, 175, 193, 205, 213, 244, 314,
+                              333]
+if not os.environ.get("CI") and os.environ.get("ENGINE_FUZZ_SEEDS"):
+    _lo, _hi = map(int, os.environ["ENGINE_FUZZ_SEEDS"].split(":"))
+    SEEDS += [s for s in range(_lo, _hi) if s not in SEEDS]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -23,6 +31,10 @@ def test_cases_cover_the_settings():
     assert {c.model[0] for c in cases} == {"gemma3", "mimo", "mimo-mtp"}
     assert {o["page_size"] for o in opts} == {1, 2, 3, 4, 8}
     assert any(o["window_rebuild"] for o in opts) and not all(o["window_rebuild"] for o in opts)
+    # SWA pools at the edge (one chunk's transient pages and the largest steady window,
+    # plus at most 2), under both admission modes.
+    edge = [c for c in cases if c.opts["_swa_pages"] <= engine_fuzz.edge_swa_pages(c, 2)]
+    assert {c.opts["admission"] for c in edge} == {"reserve", "optimistic"}
     reqs = [r for c in cases for r in c.reqs]
     assert any(r.after is not None for r in reqs)          # multi-turn continuations
     assert any(r.abort_at is not None for r in reqs)       # aborts
