@@ -80,7 +80,7 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
                        token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media,
                        fit_max_tokens=spec.fit_max_tokens,
                        tools=tools.template_tools() if active else None,
-                       keep_special=keep_special)
+                       keep_special=keep_special, cache=spec.cache)
 
 
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,

@@ -13,6 +13,12 @@ Engine:
   mimo_failed_steps_total                 engine steps that raised (each failed only its requests)
   mimo_requests_aborted_total{endpoint}   requests whose client went away first (status 499)
 
+Sessions (prompt_cache_key; no label per key: session_keys.py says why):
+  mimo_prompt_cache_keys_active           distinct keys seen in the last 300 s
+  mimo_prompt_cache_key_requests_total    requests that sent one
+  mimo_prompt_cache_key_prompt_tokens_total / _cached_tokens_total   their prompt tokens,
+      and those served from the prefix cache (the sessions' hit rate)
+
 Prefix cache (when it is on):
   mimo_prefix_cache_window_cut_tokens_total{cause}  prompt tokens equal to a cached prefix
       but not reused, the SWA window before them missing: cause="never_kept" (retention
@@ -27,6 +33,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
+
+from .session_keys import SessionKeys
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -63,6 +71,8 @@ class Metrics:
         self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",
                                     "Longest time any request waited for admission", registry=r)
         self._max_wait = 0.0
+        self.sessions = SessionKeys()
+        r.register(self.sessions)
         self.aborted = Counter("mimo_requests_aborted", "Requests whose client went away "
                                "before the answer was complete (their KV freed at once)",
                                ["endpoint"], registry=r)

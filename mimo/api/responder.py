@@ -104,6 +104,8 @@ class Responder:
         m.prompt_tokens.inc(u.prompt_tokens)
         m.generation_tokens.inc(u.completion_tokens)
         m.cached_tokens.inc(u.cached_tokens)
+        if req.cache.session is not None:
+            m.sessions.observe(req.cache.session, u.prompt_tokens, u.cached_tokens)
         if req.engine_queue_wait is not None:
             m.observe_queue_wait(req.engine_queue_wait)
 

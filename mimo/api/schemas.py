@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
+from ..kvcache.namespace import CacheScope, check_scope_string
 from ..multimodal.item import MediaItem
 from ..structured.request import GrammarRequest
 from .content import valid_unicode
@@ -26,7 +27,8 @@ MAX_STOP = 4
 _COMMON = {"model", "stream", "stream_options", "n", "max_tokens", "temperature", "top_p",
            "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "min_tokens",
            "frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias",
-           "logprobs", "user", "metadata", "store", "service_tier"}
+           "logprobs", "user", "metadata", "store", "service_tier", "cache_salt",
+           "prompt_cache_key"}
 _CHAT_ONLY = {"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
          "functions", "function_call", "parallel_tool_calls", "response_format", "modalities",
          "audio", "prediction", "reasoning_effort", "web_search_options"}
@@ -63,6 +65,7 @@ class GenerationSpec:
     tools: ToolSpec | None = None
     grammar: GrammarRequest | None = None   # response_format or a forced tool choice
     json_mode: str | None = None            # 'json_object' | 'json_schema' (response_format)
+    cache: CacheScope = CacheScope()        # cache_salt and prompt_cache_key
 
     @property
     def n(self) -> int:
@@ -134,6 +137,18 @@ def _prompt(spec: GenerationSpec, body: dict) -> None:
                           "suffix")
 
 
+def cache_scope(body: dict) -> CacheScope:
+    """`cache_salt` and `prompt_cache_key`: each absent or a string of 1 to 256 characters."""
+    got = {}
+    for name in ("cache_salt", "prompt_cache_key"):
+        try:
+            got[name] = check_scope_string(body.get(name), name)
+        except ValueError as e:
+            raise bad_request(str(e), name) from None
+        string(body, name)      # (lone surrogates)
+    return CacheScope(got["cache_salt"], got["prompt_cache_key"])
+
+
 def _fields(kind: str, body: dict) -> None:
     """A field of the other endpoint is a 400 naming it; one neither knows is logged."""
     known = FIELDS[kind]
@@ -189,7 +204,8 @@ def parse(kind: str, body: Any, max_model_len: int, multimodal: bool = False,
     mt, fit = max_tokens(body, kind, max_model_len, default_max_tokens)
     spec = GenerationSpec(kind, model,
                           sampling_params(kind, body, max_model_len, vocab_size, ch, mt),
-                          stream, include_usage, _stop(body), choices=ch, fit_max_tokens=fit)
+                          stream, include_usage, _stop(body), choices=ch, fit_max_tokens=fit,
+                          cache=cache_scope(body))
     if kind == "chat":
         _chat(spec, body, multimodal, tool_format)
     else:

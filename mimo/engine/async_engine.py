@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..kvcache.namespace import CacheScope
 from .engine import EngineStopped, LLMEngine, StepFailed
 from .sampling_params import SamplingParams
 from .sequence import Sequence
@@ -81,12 +82,14 @@ class AsyncEngine:
         await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
 
     # ---- event-loop side ----------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> RequestStream:
+    def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None,
+               scope: CacheScope = CacheScope()) -> RequestStream:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
-        the engine thread. `mm`: an MMPrompt for a prompt with images or videos."""
+        the engine thread. `mm`: an MMPrompt for a prompt with images or videos; `scope`:
+        its cache salt and session key."""
         if self.fatal is not None:
             raise EngineStopped(f"the engine stopped after an internal error: {self.fatal!r}")
-        seq = self.engine.new_sequence(prompt_ids, params, mm)
+        seq = self.engine.new_sequence(prompt_ids, params, mm, scope)
         stream = RequestStream(seq)
         self._inbox.put(("add", stream))
         self._wake.set()

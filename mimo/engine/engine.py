@@ -13,6 +13,7 @@ from ..gpu.backends import make_backend
 from ..kvcache.allocator import OutOfPages
 from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
+from ..kvcache.namespace import CacheScope
 from ..models import registry
 from ..models.layers import INT8_MAX_ROWS
 from .parts import EngineParts
@@ -142,12 +143,16 @@ class LLMEngine:
         return storage.flush(timeout) if storage is not None else True
 
     # ---- requests -------------------------------------------------------------------
-    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params: SamplingParams, mm=None,
+                     scope: CacheScope = CacheScope()) -> Sequence:
         """Validate a request and build its Sequence without queueing it. Touches no shared
         state (ids come from a thread-safe counter), so any thread may call it. `mm`: an
-        MMPrompt for a multimodal prompt (multimodal models only)."""
+        MMPrompt for a multimodal prompt (multimodal models only). `scope`: its cache salt
+        and session key."""
         if not isinstance(params, SamplingParams):
             raise TypeError("params must be a SamplingParams")
+        if not isinstance(scope, CacheScope):
+            raise TypeError("scope must be a CacheScope")
         if not prompt_ids:
             raise RequestError("prompt is empty")
         vocab = self.model_config.vocab_size
@@ -166,7 +171,7 @@ class LLMEngine:
         if mm is not None and self.model_config.vision is None:
             raise RequestError("this model takes no images or videos")
         seq = Sequence(next(self._ids), list(prompt_ids), params, self.eos_ids, generator=gen,
-                       mm=mm)
+                       mm=mm, scope=scope)
         if not self.scheduler.fits_empty_pool(seq):
             f, s = self.scheduler.need(seq)
             raise RequestError(
@@ -175,8 +180,9 @@ class LLMEngine:
                 f"lower max_tokens or raise --kv-cache-memory")
         return seq
 
-    def add_request(self, prompt_ids: list[int], params: SamplingParams, mm=None) -> Sequence:
-        seq = self.new_sequence(prompt_ids, params, mm)
+    def add_request(self, prompt_ids: list[int], params: SamplingParams, mm=None,
+                    scope: CacheScope = CacheScope()) -> Sequence:
+        seq = self.new_sequence(prompt_ids, params, mm, scope)
         self.enqueue(seq)
         return seq
 

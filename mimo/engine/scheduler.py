@@ -232,6 +232,7 @@ class Scheduler:
                 break
             self._current = seq
             kv = self.pool.new_seq()
+            kv.protect = seq.scope.session is not None
             cached = 0
             cache = self._cache_of(seq)
             if cache is not None:

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from ..kvcache.namespace import CacheScope, request_namespace
 from ..kvcache.seq_kv import SeqKV
 from .sampling_params import SamplingParams
 
@@ -52,6 +53,7 @@ class Sequence:
     preemptions: int = 0
     queued_at: float | None = None     # scheduler clock when it (last) joined the queue
     admitted_at: float | None = None   # scheduler clock when it was (last) admitted
+    scope: CacheScope = CacheScope()   # its cache salt and session key
 
     def __post_init__(self):
         if self.prefill_end < 0:
@@ -59,12 +61,15 @@ class Sequence:
 
     @property
     def cache_namespace(self):
-        """Prefix-cache key space: None for text; a multimodal prompt's media hash (token ids
-        alone do not say which image a placeholder stands for); `NO_CACHE` without one."""
-        if self.mm is None:
-            return None
-        key = getattr(self.mm, "cache_key", None)
-        return NO_CACHE if key is None else ("media", key)
+        """Prefix-cache key space (`request_namespace`): its media hash (token ids alone do
+        not say which image a placeholder stands for) and its cache salt; `NO_CACHE` for a
+        multimodal prompt without a media hash."""
+        key = None
+        if self.mm is not None:
+            key = getattr(self.mm, "cache_key", None)
+            if key is None:
+                return NO_CACHE
+        return request_namespace(key, self.scope.salt)
 
     @property
     def queue_wait(self) -> float | None:

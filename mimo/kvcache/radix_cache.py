@@ -132,7 +132,7 @@ class RadixPrefixCache(PrefixCache):
             return
         self.tree.insert(tokens[:n * self.P], seq.full_pages[:n], self._offered_swa(seq, n),
                          seq.namespace, prompt_len=prompt_len, revive=False,
-                         branch_len=seq.branch_len)
+                         branch_len=seq.branch_len, protect=seq.protect)
         # Pages the tree did not take stay the request's own until it finishes.
         m = self.tree.match(tokens[:n * self.P], seq.namespace, count=False, rebuild=0)
         locked = _locked(seq)
@@ -173,7 +173,8 @@ class RadixPrefixCache(PrefixCache):
         if n:
             res = self.tree.insert(tokens[:n * self.P], seq.full_pages[:n],
                                    self._offered_swa(seq, n), seq.namespace,
-                                   prompt_len=prompt_len, branch_len=seq.branch_len)
+                                   prompt_len=prompt_len, branch_len=seq.branch_len,
+                                   protect=seq.protect)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)
         node, seq.node, window, unpinned = _locked(seq), None, seq.lock_window, seq.unpinned

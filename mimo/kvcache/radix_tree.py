@@ -50,6 +50,10 @@ from .radix_node import NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node, Tr
 from .retention import RetentionPolicy, window_first_page
 
 MODES = ("hybrid", "full-kv", "off")
+# A session's head start in both LRU orders: younger than any keyless use for 2**38 ticks (a
+# tick per match or insert), and less than SPECULATIVE, so a session's speculative windows
+# still go before keyless firm ones.
+PROTECTED = 1 << 38
 
 
 class TreeListener(Protocol):
@@ -267,7 +271,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
 
     def insert(self, tokens, full_pages: list[int], swa_pages=None, namespace: Hashable = None,
                prompt_len: int | None = None, revive: bool = True,
-               branch_len: int | None = None) -> InsertResult:
+               branch_len: int | None = None, protect: bool = False) -> InsertResult:
         """Hand a finished (or preempted) request's pages to the tree.
 
         `full_pages[i]` / `swa_pages[i]` hold the KV of tokens [i*P, (i+1)*P); SWA entries
@@ -283,7 +287,9 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         can lock, unprotected while the request still reads it. `branch_len`: where the
         request left the cached path when it was admitted (`MatchResult.prefix_len`);
         default: where `tokens` leave the tree now (a request that inserted its KV while
-        running is all in the tree by its end).
+        running is all in the tree by its end). `protect`: a session's KV (the request
+        sent a prompt_cache_key): its path is stamped PROTECTED ticks younger, so eviction
+        (whole leaves and SWA windows alike) takes every keyless request's first.
         """
         P = self.P
         if len(full_pages) > -(-len(tokens) // P):
@@ -294,7 +300,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         caller_swa = [s for s in swa_pages if s is not None and s >= 0]
         if self.mode == "off":
             return InsertResult(list(full_pages), caller_swa, [], 0)
-        now, toks = self._tick(), self._tok(tokens)
+        now, toks = self._tick() + (PROTECTED if protect else 0), self._tok(tokens)
         n = min(len(full_pages), len(toks) // P)
         root = self._root(namespace, create=True)
         assert root is not None             # create=True

@@ -20,6 +20,7 @@ class SeqKV:
     keep_swa: frozenset = frozenset()
     branch_len: int = 0        # where the request left the cached path at admission
     namespace: object = None   # its prefix-cache key space (None: plain token ids)
+    protect: bool = False      # a session's (prompt_cache_key): what it leaves evicted last
     # A window rebuild (RadixTree.match): the request holds the cache's full pages up to
     # `full_cached_to` but computes from `swa_floor` on. Its full layers must not write
     # positions below full_cached_to (the shared pages already hold that KV); its SWA

@@ -2,7 +2,8 @@
 
 The key is the sha256 of the media bytes plus the processor settings' fingerprint: the
 same image preprocessed differently (another max_pixels) gives other embeddings, while the
-same bytes from two URLs give the same ones. Thread-safe: encoders may run off the loop.
+same bytes from two URLs give the same ones. A request's cache salt joins the key
+(`salted_key`). Thread-safe: encoders may run off the loop.
 """
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ def digest_key(digest: str, settings_fingerprint: str, extra: str = "") -> str:
     settings. `extra` carries anything else that changes the pixels (a video's fps, frame
     count or stream)."""
     return f"{digest}:{settings_fingerprint}" + (f":{extra}" if extra else "")
+
+
+def salted_key(key: str, salt: str | None) -> str:
+    """An item's cache key for a request under a `cache_salt`: embeddings one salt made are
+    never served to another (a hit's speed would tell that someone sent the same picture)."""
+    if salt is None:
+        return key
+    return f"{key}:salt:{hashlib.sha256(salt.encode()).hexdigest()}"
 
 
 @dataclass

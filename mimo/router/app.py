@@ -1,6 +1,10 @@
 """The router's HTTP front (starlette): the OpenAI endpoints forwarded, plus its own.
 
   POST /v1/chat/completions, /v1/completions   routed (proxy.Forwarder)
+  POST /v1/responses                           routed: to the worker that made the
+                                               previous_response_id while it is healthy
+  GET, DELETE /v1/responses/{id}, GET /v1/responses/{id}/input_items
+                                               passed through (lookup.py)
   GET  /v1/models, /v1/models/{id}             from a healthy worker
   GET  /health                                 200 while some worker is healthy (503 else)
   GET  /metrics                                the router's metrics (metrics.py)
@@ -18,6 +22,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .lookup import pass_through
 from .proxy import PASS_HEADERS, Forwarder, error_json
 from .router import NoWorker, Router
 
@@ -38,6 +43,12 @@ def build_app(router: Router) -> Starlette:
 
     async def completions(request):
         return await fwd.forward(request, "completion", "/v1/completions")
+
+    async def responses(request):
+        return await fwd.forward(request, "responses", "/v1/responses")
+
+    async def stored(request):
+        return await pass_through(router, request)
 
     async def models(request):
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
@@ -100,6 +111,9 @@ def build_app(router: Router) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
+        Route("/v1/responses/{response_id}", stored, methods=["GET", "DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", stored, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),

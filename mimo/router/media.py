@@ -1,7 +1,8 @@
 """What a worker makes of a request's images, computed by the router from the same bytes,
 so that a prompt with media is keyed in the namespace the worker's tree keys it in.
 
-A worker keys a multimodal prompt's pages under ("media", media_cache_key(item keys)), each
+A worker keys a multimodal prompt's pages under `request_namespace(media_cache_key(item
+keys), salt)`, each
 item's key being `digest_key(sha256 of its bytes, processor settings, variant)`, and expands
 each image's pad token to `tokens_per_item(grid)` copies, the grid following from the
 decoded size through `smart_resize`. The router needs the bytes for the digest and the
@@ -51,7 +52,7 @@ def image_grid(data: bytes, s: ProcessorSettings, max_pixels: int) -> tuple[int,
 
 
 class MediaKeys:
-    """The expanded prompt ids and cache namespace of a request with media, as its worker
+    """The expanded prompt ids and media cache key of a request with media, as its worker
     builds them, or None when the router cannot know them."""
     def __init__(self, adapter: VisionAdapter, media: MediaConfig = MediaConfig()):
         self.adapter, self.media = adapter, media
@@ -60,7 +61,7 @@ class MediaKeys:
         self.pads = pad_kinds(adapter)
 
     def expand(self, ids: Sequence[int], items: Sequence[MediaItem]
-               ) -> tuple[list[int], tuple[str, str]] | None:
+               ) -> tuple[list[int], str] | None:
         keys, counts = [], []
         for it in items:
             if it.kind != "image" or not it.url.startswith("data:"):
@@ -78,4 +79,4 @@ class MediaKeys:
             full = expand_placeholders(ids, self.pads, [it.kind for it in items], counts)
         except ValueError:
             return None
-        return full, ("media", media_cache_key(keys))
+        return full, media_cache_key(keys)

@@ -31,6 +31,11 @@ full and leaves a copy no other request reuses. A prefix that requests merely sh
 system prompt) is worth copying to a less loaded worker, where the sessions placed later
 reuse it; weighing it as much would pile new sessions onto the first workers that hold it.
 
+A request with a `prompt_cache_key` goes to the worker its key's rendezvous order puts first
+(`affine`), unless that worker is overloaded (the same bound as the fallback's): a client
+that names its session gets it kept in one place even before any of its prefixes is cached
+or published. Without Redis the fallback hashes the key instead of the prompt.
+
 Without Redis: rendezvous hashing of the first `fallback_pages` page keys over the healthy
 workers, bounded by load (a worker with more than 1.25 x the mean + 1 of this router's
 in-flight requests is skipped), so a session keeps landing on one worker while no state
@@ -137,7 +142,7 @@ class Choice:
     url: str
     predicted: float
     score: float
-    how: str            # "score", "fallback" or "round-robin"
+    how: str            # "score", "affinity", "fallback" or "round-robin"
 
 
 def choose(cands: Sequence[Candidate], prompt_len: int, match_weight: float,
@@ -153,10 +158,30 @@ def choose(cands: Sequence[Candidate], prompt_len: int, match_weight: float,
     return Choice(best.url, best.predicted, score(best), "score")
 
 
+OVERLOAD = 1.25     # a worker above OVERLOAD x the mean load + 1 is skipped (fallback, affinity)
+
+
+def affinity_key(session: str) -> bytes:
+    """The rendezvous key of a `prompt_cache_key`."""
+    return hashlib.blake2b(b"prompt_cache_key\0" + session.encode(), digest_size=16).digest()
+
+
+def affine(key: bytes, cands: Sequence[Candidate]) -> Choice | None:
+    """The worker a session key pins (the first in the key's rendezvous order, the same on
+    every replica and for every request of the session, so its KV accumulates there) unless
+    its load is over OVERLOAD x the mean + 1: then None, and the score decides."""
+    mean = sum(c.load for c in cands) / len(cands)
+    first = rendezvous(key, [c.url for c in cands])[0]
+    c = next(c for c in cands if c.url == first)
+    if c.load > OVERLOAD * mean + 1:
+        return None
+    return Choice(c.url, c.predicted, 0.0, "affinity")
+
+
 def fallback(key: bytes, workers: Sequence[str], inflight: dict[str, int]) -> str:
     mean = sum(inflight.get(w, 0) for w in workers) / len(workers)
     ordered = rendezvous(key, workers)
     for w in ordered:
-        if inflight.get(w, 0) <= 1.25 * mean + 1:
+        if inflight.get(w, 0) <= OVERLOAD * mean + 1:
             return w
     return ordered[0]

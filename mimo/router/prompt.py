@@ -5,6 +5,7 @@ workers' own code on the body: `api.schemas.parse`, `api.chat_pipeline.chat_requ
 `stages.prompt.BuildPrompt.tokenize` (chat template, tools folded in as the worker does), so
 the page keys it hashes are the ones the workers' trees hold. A prompt with images, on a
 vision-language model, is expanded and keyed in its media namespace as the worker does it
+(and a `cache_salt` joins the namespace as the worker's `request_namespace` makes it)
 (router/media.py: data: URLs; `image_max_pixels` must be the workers' --image-max-pixels). A
 body the workers would refuse, or media the router cannot see (http(s) or file URLs, videos),
 has no prompt here: it is routed by load alone, and the worker answers it.
@@ -16,11 +17,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..kvcache.namespace import request_namespace
+
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
-    namespace: Hashable = None      # the tree's key space: None for text, media hashes else
+    namespace: Hashable = None      # the tree's key space (kvcache.namespace: media, salt)
 
 
 class PromptBuilder:
@@ -54,19 +57,27 @@ class PromptBuilder:
         self.stage = BuildPrompt(tok, cfg.arch, adapter)
 
     def prompt(self, kind: str, body) -> Prompt | None:
-        """The body's prompt (its first choice) as the worker keys it, None when unknown."""
+        """The body's prompt (its first choice) as the worker keys it, None when unknown.
+        A Responses body is known when it starts a chain (no previous_response_id: the
+        chain's items are in the worker's store, not here): its chat body is built as the
+        worker builds it."""
         from ..api import schemas
         from ..api.chat_pipeline import chat_request
+        if kind == "responses":
+            kind, body = "chat", _responses_chat(body)
+            if body is None:
+                return None
         try:
             spec = schemas.parse(kind, body, 2**31, multimodal=self.media is not None,
                                  vocab_size=self.vocab, tool_format=self.tool_format)
             ids = self.stage.tokenize(chat_request(spec))
+            salt = spec.cache.salt
             if not spec.media:
-                return Prompt(ids)
+                return Prompt(ids, request_namespace(None, salt))
             if self.media is None:
                 return None
             got = self.media.expand(ids, spec.media)
-            return None if got is None else Prompt(*got)
+            return None if got is None else Prompt(got[0], request_namespace(got[1], salt))
         except Exception:  # noqa: BLE001 - the worker answers what it refuses
             return None
 
@@ -74,3 +85,17 @@ class PromptBuilder:
         """Token ids of the body's prompt, None when unknown."""
         p = self.prompt(kind, body)
         return None if p is None else p.ids
+
+
+def _responses_chat(body) -> dict | None:
+    """The chat body a worker makes of a Responses body that starts a chain (None: it
+    continues one, or the worker would refuse it)."""
+    from ..api.responses.items import to_messages
+    from ..api.responses.request import parse_request
+    try:
+        req = parse_request(body)
+    except Exception:  # noqa: BLE001 - the worker answers what it refuses
+        return None
+    if req.previous_response_id is not None:
+        return None
+    return {**req.chat, "messages": to_messages(req.instructions, req.items)}

@@ -3,6 +3,9 @@
 A request is retried on the next choice (the failed worker excluded and marked down) while
 nothing has reached the client: a non-streamed request whenever its worker fails (the router
 holds the whole answer until it arrives), a streamed one until the worker's first chunk.
+A Responses create goes to the worker that made its `previous_response_id` while it is
+healthy (the ids this replica relayed: `Router.served`), else as any request; its own id is
+noted from the answer (or the stream's `response.created` event).
 Once a stream is under way, a worker failure ends it with one SSE error event in the shape
 the workers use (`{"error": {...}}`), and no [DONE]. Worker answers that are not 200 (a 400
 for a bad body, a 503 when it is full) are passed through as they are.
@@ -17,7 +20,7 @@ import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from .router import Decision, NoWorker, Router
+from .router import Decision, NoWorker, Router, session_of
 
 log = logging.getLogger("mimo.router")
 
@@ -72,10 +75,13 @@ class Forwarder:
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
         t0 = time.perf_counter()
         prompt = await self.r.tokenize(kind, body)
+        session = session_of(body)
+        prefer = (self.r.served_by(body.get("previous_response_id"))
+                  if kind == "responses" and isinstance(body, dict) else None)
         tried: set[str] = set()
         for _ in range(self.r.cfg.retries + 1):
             try:
-                d = await self.r.route(prompt, frozenset(tried))
+                d = await self.r.route(prompt, frozenset(tried), session, prefer)
             except NoWorker:
                 break
             if not tried:
@@ -90,6 +96,8 @@ class Forwarder:
                 if not stream or resp.status_code != 200:
                     data = await resp.aread()
                     self._account(d, resp.status_code, self._usage_of(data))
+                    if kind == "responses" and resp.status_code == 200:
+                        self._note(d, _whole_id(data))
                     return Response(data, resp.status_code, headers=self._headers(d),
                                     media_type=resp.headers.get("content-type",
                                                                 "application/json"))
@@ -98,7 +106,7 @@ class Forwarder:
                     first = await it.__anext__()
                 except StopAsyncIteration:
                     first = b""
-                relay = self._relay(d, done, it, first)
+                relay = self._relay(d, done, it, first, kind == "responses")
                 done.streaming = True     # the stream's end finishes it from here
                 return StreamingResponse(relay, media_type="text/event-stream",
                                          headers=self._headers(d),
@@ -128,7 +136,11 @@ class Forwarder:
         except (ValueError, AttributeError):
             return None
 
-    async def _relay(self, d: Decision, done: Done, it, first: bytes):
+    def _note(self, d: Decision, rid: str | None) -> None:
+        if rid is not None:
+            self.r.note_served(rid, d.url)
+
+    async def _relay(self, d: Decision, done: Done, it, first: bytes, responses: bool = False):
         cached = None
         status = 200
         try:
@@ -137,6 +149,9 @@ class Forwarder:
                 if chunk:
                     if cached is None and b'"cached_tokens"' in chunk:
                         cached = _stream_usage(chunk)
+                    if responses and b'"response.created"' in chunk:
+                        self._note(d, _created_id(chunk))
+                        responses = False
                     yield chunk
                 chunk = await it.__anext__()
         except StopAsyncIteration:
@@ -168,6 +183,29 @@ class Done:
         if self.resp is not None:
             await self.resp.aclose()
         await self.r.end(self.d)
+
+
+def _whole_id(data: bytes) -> str | None:
+    """A Response object's id."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    rid = obj.get("id") if isinstance(obj, dict) and obj.get("object") == "response" else None
+    return rid if isinstance(rid, str) else None
+
+
+def _created_id(chunk: bytes) -> str | None:
+    """The response id in a stream's `response.created` event (the stream's first)."""
+    for line in chunk.split(b"\n"):
+        if line.startswith(b"data: {") and b'"response.created"' in line:
+            try:
+                ev = json.loads(line[6:])
+            except ValueError:
+                return None
+            rid = (ev.get("response") or {}).get("id") if isinstance(ev, dict) else None
+            return rid if isinstance(rid, str) else None
+    return None
 
 
 def _stream_usage(chunk: bytes) -> int | None:

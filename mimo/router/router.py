@@ -14,10 +14,12 @@ import itertools
 import logging
 import time
 from array import array
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import httpx
 
+from ..kvcache.namespace import check_scope_string
 from ..kvcache.retention import window_pages
 from ..kvcache.tiers.keys import KeyChain
 from . import policy
@@ -32,11 +34,22 @@ PENDING_MS = 30_000     # how long an in-flight request's pages count before the
 # How long a prompt's end marks a later request through it as its continuation (the score's
 # `continuation_weight`): a conversation's next turn, an agent's next step.
 CONTINUE_MS = 300_000
+MAX_SERVED = 100_000    # Responses ids remembered with the worker that made them
 HASH_PAGE = 16      # tokens per page of the fallback's key (no heartbeat tells the real one)
 
 
 class NoWorker(Exception):
     """No healthy worker is left to try."""
+
+
+def session_of(body) -> str | None:
+    """A body's `prompt_cache_key` when it is one the workers take (else the worker answers
+    the body, routed without it)."""
+    v = body.get("prompt_cache_key") if isinstance(body, dict) else None
+    try:
+        return check_scope_string(v, "prompt_cache_key")
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ class Router:
                                       limits=httpx.Limits(max_connections=2048,
                                                           max_keepalive_connections=256))
         self._probe = httpx.AsyncClient(timeout=2.0)
+        # Responses this replica relayed: id -> the worker that made it (LRU, bounded).
+        self.served: OrderedDict[str, str] = OrderedDict()
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
@@ -168,13 +183,13 @@ class Router:
             self.members.remove(url)
         self.healthy.pop(url, None)
 
-    async def route(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset()
-                    ) -> Decision:
+    async def route(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset(),
+                    session: str | None = None, prefer: str | None = None) -> Decision:
         """Decide and count the request in flight. This replica's own in-flight counts come
         from memory (exact), the others' from Redis; between the state read and the count
         nothing awaits, so requests arriving together see each other and spread instead of
         all reading the same state and piling onto one worker."""
-        d = await self.decide_prompt(prompt, exclude)
+        d = await self.decide_prompt(prompt, exclude, session, prefer)
         if d.pending is not None:         # seen by this replica's next decision at once
             now = time.monotonic()
             until, end_until = now + PENDING_MS / 1000, now + CONTINUE_MS / 1000
@@ -222,6 +237,17 @@ class Router:
                 except StateUnavailable:
                     self._count_redis_errors()
 
+    # ---- Responses ------------------------------------------------------------------------
+    def note_served(self, response_id: str, url: str) -> None:
+        self.served[response_id] = url
+        self.served.move_to_end(response_id)
+        while len(self.served) > MAX_SERVED:
+            self.served.popitem(last=False)
+
+    def served_by(self, response_id) -> str | None:
+        """The worker that made a response this replica relayed (None: not known here)."""
+        return self.served.get(response_id) if isinstance(response_id, str) else None
+
     # ---- decisions ----------------------------------------------------------------------
     async def tokenize(self, kind: str, body) -> Prompt | None:
         """The prompt as the workers would build and key it (None: not known)."""
@@ -232,17 +258,26 @@ class Router:
         return self.prompts.prompt(kind, body)
 
     async def decide(self, kind: str, body, exclude: frozenset[str] = frozenset()) -> Decision:
-        return await self.decide_prompt(await self.tokenize(kind, body), exclude)
+        return await self.decide_prompt(await self.tokenize(kind, body), exclude,
+                                        session_of(body))
 
-    async def decide_prompt(self, prompt: Prompt | None,
-                            exclude: frozenset[str] = frozenset()) -> Decision:
+    async def decide_prompt(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset(),
+                            session: str | None = None, prefer: str | None = None
+                            ) -> Decision:
+        """`session`: the request's prompt_cache_key (its affinity key), if any. `prefer`:
+        the worker to take while it is healthy (the one that served the previous response
+        of a Responses chain: its KV holds the chain)."""
         ids = prompt.ids if prompt is not None else None
         ns = prompt.namespace if prompt is not None else None
         live = [w for w in self.members if self.healthy.get(w) and w not in exclude]
         if not live:
             raise NoWorker("no healthy worker")
         n = len(ids) if ids else 0
-        if self.cfg.policy == "round-robin":
+        akey = policy.affinity_key(session) if session is not None else None
+        if prefer is not None and prefer in live:
+            self.metrics.decisions.labels("previous").inc()
+            return Decision(prefer, 0, n, "previous")
+        if self.cfg.policy == "round-robin" and akey is None:
             self.metrics.decisions.labels("round-robin").inc()
             return Decision(live[next(self._rr) % len(live)], 0, n, "round-robin")
         head = ids[:self.cfg.fallback_pages * HASH_PAGE] if ids else []
@@ -250,15 +285,16 @@ class Router:
         tie = hashlib.blake2b(array("q", head).tobytes()
                               + (repr(ns).encode() if ns is not None else b""),
                               digest_size=16).digest()
-        if self.state is not None:
+        if self.state is not None and self.cfg.policy != "round-robin":
             try:
                 keys_for = self._keys_for(ids or [], ns)
                 return self._score(ids or [], live, tie,
-                                   *await self.state.read(live, keys_for), keys_for)
+                                   *await self.state.read(live, keys_for), keys_for, akey)
             except StateUnavailable:
                 self._count_redis_errors()
-        self.metrics.decisions.labels("fallback").inc()
-        return Decision(policy.fallback(tie, live, self.inflight), 0, n, "fallback")
+        how = "fallback" if akey is None else "affinity"
+        self.metrics.decisions.labels(how).inc()
+        return Decision(policy.fallback(akey or tie, live, self.inflight), 0, n, how)
 
     @staticmethod
     def _keys_for(ids: list[int], namespace=None):
@@ -277,7 +313,8 @@ class Router:
                              hb.page_size, hb.rebuild, held.l2, held.l3, self.cfg.l2_credit,
                              self.cfg.l3_credit)
 
-    def _score(self, ids, live, tie, snap, pages, keys_for) -> Decision:
+    def _score(self, ids, live, tie, snap, pages, keys_for, akey: bytes | None = None
+               ) -> Decision:
         cands, expect = [], {}
         for w in live:
             hb = snap.heartbeats.get(w)
@@ -301,12 +338,14 @@ class Router:
         # for a request that continues one (a next turn, sent before or after the last one
         # ended): a prefix they merely share (a system prompt's first wave) must not pull
         # every new session after it, or they pile up there. The prediction counts it all.
-        c = policy.choose(cands, len(ids), self.cfg.match_weight, tie,
-                          self.cfg.continuation_weight)
+        c = policy.affine(akey, cands) if akey is not None else None
+        if c is None:
+            c = policy.choose(cands, len(ids), self.cfg.match_weight, tie,
+                              self.cfg.continuation_weight)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("route %d tokens -> %s %s", len(ids), c.url,
                       [(x.url[-5:], x.predicted, round(x.load, 2)) for x in cands])
-        self.metrics.decisions.labels("score").inc()
+        self.metrics.decisions.labels(c.how).inc()
         hb = snap.heartbeats.get(c.url)
         pending = None
         if hb is not None and hb.mode != "off" and ids:
@@ -322,7 +361,7 @@ class Router:
                                                          if i < len(keys)], keys[-1])
         e = expect.get(c.url)
         if e is None:
-            return Decision(c.url, 0, len(ids), "score", c.score, pending)
-        return Decision(c.url, e.tokens, len(ids), "score", c.score, pending, c.predicted,
+            return Decision(c.url, 0, len(ids), c.how, c.score, pending)
+        return Decision(c.url, e.tokens, len(ids), c.how, c.score, pending, c.predicted,
                         (e.tokens - (e.l2_pages + e.l3_pages) * hb.page_size,
                          e.l2_pages * hb.page_size, e.l3_pages * hb.page_size))

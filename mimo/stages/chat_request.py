@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..engine.sampling_params import SamplingParams
+from ..kvcache.namespace import CacheScope
 from ..multimodal.decoded import DecodedMedia
 from ..multimodal.item import MediaItem
 from ..multimodal.mm_prompt import MMPrompt
@@ -44,6 +45,7 @@ class ChatRequest(Request):
     # Detokenize with special tokens (a tool or reasoning parser reads their markers); the
     # final EOS / stop token is then left out of the text.
     keep_special: bool = False
+    cache: CacheScope = field(default_factory=CacheScope)   # cache salt and session key
     # Written by the stages, one writer each:
     fetched: list[bytes] = field(default_factory=list)               # fetch
     decoded: list[DecodedMedia] = field(default_factory=list)        # decode_media

@@ -16,7 +16,8 @@ per item, in order.
 
 Embedding cache: with `cache` set, items whose key is cached skip the encoder; the misses
 of a batch are encoded once per distinct key (two requests sending the same picture at the
-same time share one encoding) and stored. `forwards` counts encoder calls, so a test or
+same time share one encoding) and stored. Keys carry the request's cache salt: requests
+under different salts never share an encoding. `forwards` counts encoder calls, so a test or
 /metrics can see that a hit really skipped the encoder.
 
 Encoder workers: with `pool` (an EncoderPool) the items go to worker processes instead,
@@ -31,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..multimodal.embed_cache import EmbedCache
+from ..multimodal.embed_cache import EmbedCache, salted_key
 from ..pipeline import BatchStage, InvalidRequest
 
 
@@ -51,7 +52,11 @@ def _items(req) -> list[tuple[torch.Tensor, tuple[int, int, int]]]:
 
 
 def _keys(req) -> list[str | None]:
-    return [getattr(item, "key", None) for item in req.preprocessed or []]
+    """Each item's embedding-cache key, salted by the request's cache salt."""
+    scope = getattr(req, "cache", None)
+    salt = getattr(scope, "salt", None)
+    return [None if (k := getattr(item, "key", None)) is None else salted_key(k, salt)
+            for item in req.preprocessed or []]
 
 
 class EncodeStage(BatchStage):

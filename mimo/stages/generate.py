@@ -68,7 +68,8 @@ class Generate(Stage):
 
     async def process(self, req: ChatRequest, upstream=None):
         self._check_context(req)
-        stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt)
+        stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt,
+                                    scope=req.cache)
         finished = False
         seen = 0
         try:

@@ -20,11 +20,12 @@ _OWN = {"model", "input", "instructions", "previous_response_id", "store", "stre
         "stream_options", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens",
         "temperature", "top_p", "text", "reasoning", "metadata", "user", "safety_identifier",
         "include", "truncation", "service_tier", "background", "top_logprobs",
-        "max_tool_calls", "prompt_cache_key", "cache_salt"}
-# mimo's sampling extensions (as chat completions takes them): passed on unchanged.
+        "max_tool_calls"}
+# mimo's sampling extensions and the cache scope (as chat completions takes them: its checks
+# and errors): passed on unchanged.
 _PASSED = ("seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
            "frequency_penalty", "stop", "min_tokens", "ignore_eos", "logit_bias",
-           "stop_token_ids")
+           "stop_token_ids", "prompt_cache_key", "cache_salt")
 # Known Responses features this server does not have: any value but null is a 400.
 _ABSENT = ("conversation", "prompt", "context_management", "moderation", "image",
            "access_programs", "background_options", "prompt_cache_options",
@@ -32,12 +33,9 @@ _ABSENT = ("conversation", "prompt", "context_management", "moderation", "image"
 KNOWN = frozenset(_OWN | set(_PASSED) | set(_ABSENT))
 # Known, honoured only at these values.
 _ONLY = {"background": (None, False), "truncation": (None, "disabled"),
-         "service_tier": (None, "auto", "default"), "max_tool_calls": (None,),
-         "prompt_cache_key": (None,), "cache_salt": (None,)}
+         "service_tier": (None, "auto", "default"), "max_tool_calls": (None,)}
 LOGPROBS = "message.output_text.logprobs"       # the one `include` value honoured
 MAX_TOP_LOGPROBS = 20
-_WHY = {"prompt_cache_key": "; chat completions does not take it yet either",
-        "cache_salt": "; chat completions does not take it yet either"}
 
 
 @dataclass
@@ -66,8 +64,8 @@ def _fields(body: dict) -> None:
         v = body.get(name)
         if not any(v == o and type(v) is type(o) for o in ok):
             raise bad_request(f"'{name}' is not supported by this server (got "
-                              f"{str(v)[:40]!r}); allowed: {', '.join(map(repr, ok))}"
-                              f"{_WHY.get(name, '')}", name, "unsupported_parameter")
+                              f"{str(v)[:40]!r}); allowed: {', '.join(map(repr, ok))}",
+                              name, "unsupported_parameter")
 
 
 def _tool(t, i: int) -> tuple[dict, dict]:
@@ -185,7 +183,7 @@ def parse_request(body) -> ResponsesRequest:
             "max_output_tokens": mot, "temperature": number(body, "temperature", 1.0),
             "top_p": number(body, "top_p", 1.0), "metadata": md or {},
             "user": body.get("user"), "safety_identifier": body.get("safety_identifier"),
-            "top_logprobs": top}
+            "prompt_cache_key": body.get("prompt_cache_key"), "top_logprobs": top}
     prev = string(body, "previous_response_id", nonempty=True)
     return ResponsesRequest(model, parse_input(body.get("input")), chat, stream,
                             boolean(body, "store", True), prev,
