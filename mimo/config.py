@@ -293,6 +293,10 @@ class RuntimeConfig:
     # Attention kernels (mimo/gpu/backends.py): 'torch', 'triton', 'flashinfer' or 'auto'
     # (triton on a CUDA device when triton imports, else torch).
     attention_backend: str = "auto"
+    # The padded decode step over fixed batch sizes (engine/graph_decode.py): 'on', 'off' or
+    # 'auto' (on where it is captured in CUDA graphs: CUDA, a paged backend, a model whose
+    # decode never reads back to the host). On CPU 'on' runs the same padded step eagerly.
+    decode_graphs: str = "auto"
 
     def __post_init__(self):
         if self.dtype not in ("float32", "bfloat16"):
@@ -311,6 +315,8 @@ class RuntimeConfig:
         if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
             raise ConfigError(f"attention_backend must be auto, torch, triton or flashinfer, "
                               f"not {self.attention_backend!r}")
+        if self.decode_graphs not in ("auto", "on", "off"):
+            raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")
 
     @property
     def use_int8(self) -> bool:

@@ -31,6 +31,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="attention kernels: torch (gather + SDPA, any device), triton (paged "
                         "kernels, CUDA), flashinfer (refused: not built in yet); auto: triton "
                         "on a CUDA device when triton imports, else torch")
+    g.add_argument("--decode-graphs", default="auto", choices=["auto", "on", "off"],
+                   help="run steps of plain decodes padded to fixed batch sizes (1, 2, 4, "
+                        "then multiples of 8 up to --max-num-seqs) from static buffers, "
+                        "captured as CUDA graphs on CUDA (on CPU: the same padded step, "
+                        "eager); needs --attention-backend triton; auto: on for CUDA with "
+                        "triton unless the model's decode reads back to the host (MoE)")
     g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
@@ -111,7 +117,7 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
-                attention_backend=a.attention_backend,
+                attention_backend=a.attention_backend, decode_graphs=a.decode_graphs,
                 kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,

@@ -42,7 +42,8 @@ def test_help_documents_every_engine_flag():
     assert r.returncode == 0
     for flag in ("--model", "--dtype", "--quantize", "--kv-cache-memory", "--page-size",
                  "--swa-share", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
-                 "--threads", "--device", "--temperature", "--top-p", "--top-k", "--seed"):
+                 "--threads", "--device", "--temperature", "--top-p", "--top-k", "--seed",
+                 "--attention-backend", "--decode-graphs"):
         assert flag in r.stdout
 
 

@@ -16,6 +16,7 @@ from ..kvcache.layout import KVLayout, plan_pages
 from ..kvcache.namespace import CacheScope
 from ..models import registry
 from ..models.layers import INT8_MAX_ROWS
+from .graph_decode import BucketedDecode, resolve_decode_graphs
 from .parts import EngineParts
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
@@ -88,6 +89,11 @@ class LLMEngine:
             self._add_tiers(config, loaded)
         self.runner = ModelRunner(self.model, self.pool, mc.kv_layer_types, mc.sliding_window,
                                   rt.device, backend)
+        graphs, capture = resolve_decode_graphs(rt.decode_graphs, rt.device, backend.paged,
+                                                self.model)
+        if graphs:
+            self.runner.bucketed = BucketedDecode(self.runner, config.scheduler.max_num_seqs,
+                                                  self.max_model_len, capture)
         self.decode = parts.build_decode(config, mc, self.model, self.runner)
         self.spec = self.decode if self.decode.num_draft else None  # a drafting step (stats)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,

@@ -1,7 +1,7 @@
 """The one place that turns scheduled requests into tensors and runs the model."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -13,6 +13,9 @@ from ..models.context import ForwardContext
 from .scheduler import ScheduledChunk
 from .sequence import Sequence
 
+if TYPE_CHECKING:
+    from .graph_decode import BucketedDecode
+
 
 class ModelRunner:
     def __init__(self, model, pool: DualPool, layer_types: tuple[str, ...], window: int,
@@ -22,6 +25,8 @@ class ModelRunner:
         self.device = torch.device(device)
         self.window = window
         self.backend = backend or TorchAttention()
+        # The padded, graph-ready step of plain decodes (graph_decode.py; None: off).
+        self.bucketed: BucketedDecode | None = None
         self.mask_dtype = next(model.parameters()).dtype
         # `layer_types`: kinds of every KV-owning layer (ModelConfig.kv_layer_types: the
         # decoder layers, then any MTP layers, so ctx.kv[num_layers + k] is MTP layer k's).
@@ -42,6 +47,10 @@ class ModelRunner:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
         order: one row each, or 1 + len(draft) rows for a verify chunk (with `all_logits`,
         for every scheduled token instead: scoring and tests)."""
+        if self.bucketed is not None and not all_logits:
+            out = self.bucketed.run(chunks)
+            if out is not None:
+                return out
         *args, kw = self.prepare(chunks, all_logits)
         return self.model(*args, **kw)
 

@@ -19,6 +19,10 @@ from .mlp import GatedMLP
 
 
 class SparseMoE(nn.Module):
+    # Its forward loops over the chosen experts on the host (`.tolist()`): a decode step
+    # through it cannot be captured in a CUDA graph (engine/graph_decode.py reads this).
+    syncs_host = True
+
     def __init__(self, router_w: torch.Tensor, bias: torch.Tensor | None,
                  gate_up: torch.Tensor, down: torch.Tensor, top_k: int, n_group: int = 1,
                  topk_group: int = 1, norm_topk_prob: bool = True, scaling: float = 1.0):

@@ -29,10 +29,12 @@ def _prompts(seed, vocab):
     return [shared + [5]], [shared + t for t in tail]
 
 
-def _generate(loaded, backend, waves, max_tokens=4, **opts):
+def _generate(loaded, backend, waves, max_tokens=4, device="cpu", **opts):
     """Greedy outputs of each wave (run to completion, one step at a time, pools checked),
-    and the prompt tokens each request found cached."""
-    llm = LLM("tiny", loaded=loaded, attention_backend=backend, **(OPTS | opts))
+    and the prompt tokens each request found cached. `device`: the fixture's (CUDA when the
+    kernels are compiled, on a GPU machine)."""
+    llm = LLM("tiny", loaded=loaded, attention_backend=backend, device=device,
+              **(OPTS | opts))
     eng = llm.engine
     assert eng.runner.backend.paged == (backend == "triton")
     outs, cached = [], []
@@ -50,8 +52,8 @@ def _generate(loaded, backend, waves, max_tokens=4, **opts):
 def test_triton_tiny_gemma3_greedy_matches_torch(triton_device):
     loaded = loaded_from_hf(tiny_gemma3_hf())
     waves = _prompts(0, 512)
-    want, cached_t = _generate(loaded, "torch", waves)
-    got, cached = _generate(loaded, "triton", waves)
+    want, cached_t = _generate(loaded, "torch", waves, device=triton_device)
+    got, cached = _generate(loaded, "triton", waves, device=triton_device)
     assert got == want
     assert cached == cached_t and min(cached[1:]) >= 12, "the second wave must hit the cache"
 
@@ -70,7 +72,8 @@ def test_triton_tiny_mimo_greedy_matches_torch(mimo_loaded, triton_device):
     cfg = mimo_loaded.config
     assert cfg.swa_attention_sink and cfg.head_dim != cfg.v_head_dim
     waves = _prompts(1, 300)
-    want, cached_t = _generate(mimo_loaded, "torch", waves)
-    got, cached = _generate(mimo_loaded, "triton", waves, speculative="mtp", num_draft_tokens=2)
+    want, cached_t = _generate(mimo_loaded, "torch", waves, device=triton_device)
+    got, cached = _generate(mimo_loaded, "triton", waves, device=triton_device,
+                            speculative="mtp", num_draft_tokens=2)
     assert got == want
     assert min(cached[1:]) >= 12, "the second wave must hit the cache"
