@@ -6,7 +6,10 @@
 #
 # Installs nothing from the network. It runs the python that holds torch ($PYTHON, else
 # python3) on this working tree; wheels carried in .whl/ (if any: a package that machine
-# lacks) are installed offline (--no-index) into a scratch directory first.
+# lacks) are installed offline (--no-index) into a scratch directory first. The tests that
+# build their reference models in transformers need the test extra's transformers (MiMo-V2-
+# Flash's classes); where the machine's is older, carry that wheel too, or read those tests'
+# failures in the JSON line's kernels.failed_tests for what they are.
 #
 #   scripts/gpu_check.sh [--phases kernels,model,speed] [--streams 1,64] [--prefill-tokens N] ...
 #   scripts/gpu_check.sh --help

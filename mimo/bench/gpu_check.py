@@ -87,7 +87,9 @@ def kernels_phase(timeout: int) -> dict:
                            text=True, timeout=timeout)
         out, rc = r.stdout + r.stderr, r.returncode
     except subprocess.TimeoutExpired as e:
-        out, rc = f"{e.stdout or ''}", 124
+        # (its output arrives as bytes even under text=True)
+        raw = e.stdout or b""
+        out, rc = raw.decode(errors="replace") if isinstance(raw, bytes) else raw, 124
     sys.stderr.write(out[-4000:])
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
     return {"rc": rc, **parse_pytest_summary(out.strip().splitlines()[-1] if out.strip() else ""),

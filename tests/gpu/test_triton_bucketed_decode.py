@@ -67,6 +67,33 @@ def test_triton_bucketed_mimo_matches_plain_step(triton_device):
     _check(loaded_from_hf(tiny_mimo_v2_flash_hf()), 300, triton_device)
 
 
+def test_padded_rows_equal_the_plain_step_rows(triton_device):
+    """Step by step, the padded step's hidden states of the real rows against the ordinary
+    path (the runner's own metadata, no padding) over the same chunks, through the same
+    kernels: float32, within 1e-5 (only the split count and batch shape differ)."""
+    llm = LLM("tiny", loaded=loaded_from_hf(tiny_gemma3_hf()), attention_backend="triton",
+              decode_graphs="on", device=triton_device, **OPTS)
+    eng = llm.engine
+    b, runner = eng.runner.bucketed, eng.runner
+    compared = []
+
+    def run(chunks):
+        got = type(b).run(b, chunks)
+        if got is not None:
+            *args, kw = runner.prepare(chunks)
+            want = runner.model(*args, **kw)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            compared.append(len(chunks))
+        return got
+    b.run = run
+    for i, n in enumerate((5, 11, 17)):
+        eng.add_request(list(range(3, 3 + n)), SamplingParams(temperature=0, max_tokens=4 + i,
+                                                              ignore_eos=True))
+    while eng.has_work():
+        eng.step()
+    assert 3 in compared and 1 in compared, compared
+
+
 def test_decode_buckets():
     assert decode_buckets(64) == (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64)
     assert decode_buckets(8) == (1, 2, 4, 8)
