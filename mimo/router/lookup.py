@@ -2,7 +2,8 @@
 /v1/responses/{id}, GET /v1/responses/{id}/input_items.
 
 A worker keeps its responses in its own memory, or in a Redis store that every worker
-shares. So the worker that made the response (when this replica relayed it) is asked first,
+shares. So the worker that made the response (when a router replica relayed it) is asked
+first,
 then every other healthy worker until one does not answer 404: with a shared store the
 first answers, without one the maker does. A 404 comes back only when none has it.
 """
@@ -17,7 +18,7 @@ from .router import Router
 
 async def pass_through(router: Router, request) -> Response:
     rid = request.path_params["response_id"]
-    maker = router.served_by(rid)
+    maker = await router.served_by(rid)
     live = [w for w in router.members if router.healthy.get(w)]
     order = ([maker] if maker in live else []) + [w for w in live if w != maker]
     headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}

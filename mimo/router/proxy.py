@@ -4,7 +4,7 @@ A request is retried on the next choice (the failed worker excluded and marked d
 nothing has reached the client: a non-streamed request whenever its worker fails (the router
 holds the whole answer until it arrives), a streamed one until the worker's first chunk.
 A Responses create goes to the worker that made its `previous_response_id` while it is
-healthy (the ids this replica relayed: `Router.served`), else as any request; its own id is
+healthy (the ids the replicas relayed: `Router.served_by`), else as any request; its own id is
 noted from the answer (or the stream's `response.created` event).
 Once a stream is under way, a worker failure ends it with one SSE error event in the shape
 the workers use (`{"error": {...}}`), and no [DONE]. Worker answers that are not 200 (a 400
@@ -76,7 +76,7 @@ class Forwarder:
         t0 = time.perf_counter()
         prompt = await self.r.tokenize(kind, body)
         session = session_of(body)
-        prefer = (self.r.served_by(body.get("previous_response_id"))
+        prefer = (await self.r.served_by(body.get("previous_response_id"))
                   if kind == "responses" and isinstance(body, dict) else None)
         tried: set[str] = set()
         for _ in range(self.r.cfg.retries + 1):

@@ -34,7 +34,8 @@ PENDING_MS = 30_000     # how long an in-flight request's pages count before the
 # How long a prompt's end marks a later request through it as its continuation (the score's
 # `continuation_weight`): a conversation's next turn, an agent's next step.
 CONTINUE_MS = 300_000
-MAX_SERVED = 100_000    # Responses ids remembered with the worker that made them
+MAX_SERVED = 100_000    # Responses ids remembered here with the worker that made them
+SERVED_MS = 86_400_000  # ... and in Redis, for this long
 HASH_PAGE = 16      # tokens per page of the fallback's key (no heartbeat tells the real one)
 
 
@@ -239,14 +240,33 @@ class Router:
 
     # ---- Responses ------------------------------------------------------------------------
     def note_served(self, response_id: str, url: str) -> None:
+        """Remember a response's maker here and, behind the answer, in Redis for the other
+        replicas."""
         self.served[response_id] = url
         self.served.move_to_end(response_id)
         while len(self.served) > MAX_SERVED:
             self.served.popitem(last=False)
+        if self.state is not None:
+            self._background(self._note_shared(response_id, url))
 
-    def served_by(self, response_id) -> str | None:
-        """The worker that made a response this replica relayed (None: not known here)."""
-        return self.served.get(response_id) if isinstance(response_id, str) else None
+    async def _note_shared(self, response_id: str, url: str) -> None:
+        assert self.state is not None
+        try:
+            await self.state.note_served(response_id, url, SERVED_MS)
+        except StateUnavailable:
+            self._count_redis_errors()
+
+    async def served_by(self, response_id) -> str | None:
+        """The worker that made a response a replica relayed (None: not known)."""
+        if not isinstance(response_id, str) or not response_id:
+            return None
+        url = self.served.get(response_id)
+        if url is None and self.state is not None:
+            try:
+                url = await self.state.served_by(response_id)
+            except StateUnavailable:
+                self._count_redis_errors()
+        return url
 
     # ---- decisions ----------------------------------------------------------------------
     async def tokenize(self, kind: str, body) -> Prompt | None:

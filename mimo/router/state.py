@@ -11,6 +11,9 @@ In-flight requests: each router keeps its own counts (authoritative) and mirrors
 hash with a TTL, so a router that dies stops counting after the TTL. Per request it sends an
 HINCRBY; after Redis was away it rewrites the hash whole (`sync`), which is the catch-up.
 Any Redis failure raises `StateUnavailable`; the router then decides locally.
+
+Responses: the worker that made each response a router relayed, for the next turn of its
+chain and for reads through any replica (a day, as the workers' store keeps it by default).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from ..kvcache.tiers.keys import FULL, SWA
 # A router's in-flight counts outlive it by this much (a killed router's requests weigh on
 # their workers' load until then); renewed every health interval, so at least 3 of those.
 ROUTER_TTL_MS = 3_000
+SERVED = ce.PREFIX + ":resp:"   # + a Responses id: the worker that made it
 END = "e"      # pending kind: the last page key of a routed prompt (kept CONTINUE_MS)
 
 
@@ -195,6 +199,14 @@ class RouterState:
                     pipe.pexpire(name, 2 * ttl)
             await pipe.execute()
         await self._run("pending", go())
+
+    # ---- Responses' makers ----------------------------------------------------------------
+    async def note_served(self, response_id: str, url: str, ttl_ms: int) -> None:
+        await self._run("served", self.client.set(SERVED + response_id, url, px=ttl_ms))
+
+    async def served_by(self, response_id: str) -> str | None:
+        raw = await self._run("served", self.client.get(SERVED + response_id))
+        return raw.decode() if raw is not None else None
 
     # ---- in-flight ---------------------------------------------------------------------
     async def inflight_add(self, worker: str, n: int) -> None:

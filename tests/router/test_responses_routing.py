@@ -1,7 +1,8 @@
 """/v1/responses, cache_salt and prompt_cache_key through the real router in front of two
 real workers (tiny Gemma 3, responses kept in each worker's own memory), with Redis for the
 router's state: a chain of turns, streamed or not, stays on the worker that holds it even
-where its prompt_cache_key would pin another; stored responses are read, listed and deleted
+where its prompt_cache_key would pin another, through either of two router replicas (the
+makers are shared in Redis); stored responses are read, listed and deleted
 through the router wherever they live; a salted prompt's published pages predict a hit only
 under its own salt; requests with the same prompt_cache_key go to one worker. And without
 workers: a session key's worker is left when it is overloaded."""
@@ -90,6 +91,27 @@ def test_a_chain_stays_with_its_maker_and_reads_pass_through(pair, tiny_dir):
     got = httpx.get(f"{rt.url}/v1/responses/{direct['id']}", timeout=30)
     assert got.status_code == 200 and got.headers["x-mimo-worker"] == other
     assert httpx.get(f"{rt.url}/v1/responses/resp_nope", timeout=30).status_code == 404
+
+
+def test_another_replica_knows_the_maker(pair, tiny_dir):
+    r, ws, rt = pair
+    model, urls = str(tiny_dir), [w.url for w in ws]
+    base = {"model": model, "max_output_tokens": 4, "temperature": 0}
+    first, maker = _create(rt, {**base, "input": "Tell me about rivers.", "stream": True})
+    key = _key_for(next(u for u in urls if u != maker), urls)
+    second = start_router(tiny_dir, r.url, ws)      # the same Redis, nothing relayed yet
+    try:
+        resp, worker = _create(second, {**base, "input": "More?", "prompt_cache_key": key,
+                                        "previous_response_id": first["id"]})
+        assert worker == maker
+        got = httpx.get(f"{second.url}/v1/responses/{first['id']}", timeout=30)
+        assert got.status_code == 200 and got.headers["x-mimo-worker"] == maker
+        # ... and the first replica knows the maker of what the second relayed.
+        _, again = _create(rt, {**base, "input": "Again?", "prompt_cache_key": key,
+                                "previous_response_id": resp["id"]})
+        assert again == maker
+    finally:
+        second.stop()
 
 
 def test_prompt_cache_key_pins_a_worker(pair, tiny_dir):
