@@ -93,7 +93,8 @@ class LLMEngine:
                                                 self.model)
         if graphs:
             self.runner.bucketed = BucketedDecode(self.runner, config.scheduler.max_num_seqs,
-                                                  self.max_model_len, capture)
+                                                  self.max_model_len, capture,
+                                                  strict=rt.decode_graphs == "on")
         self.decode = parts.build_decode(config, mc, self.model, self.runner)
         self.spec = self.decode if self.decode.num_draft else None  # a drafting step (stats)
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,

@@ -66,8 +66,11 @@ class BucketedDecode:
     scheduler's max_num_seqs); `max_model_len`: the longest sequence (sizes the full
     kind's page lists)."""
 
-    def __init__(self, runner, max_seqs: int, max_model_len: int, capture: bool):
-        self.runner, self.capture = runner, capture
+    def __init__(self, runner, max_seqs: int, max_model_len: int, capture: bool,
+                 strict: bool = True):
+        # strict (decode_graphs=on): a failed capture raises; else (auto) the padded step
+        # goes on eagerly at every size, with one warning.
+        self.runner, self.capture, self.strict = runner, capture, strict
         self.buckets = decode_buckets(max_seqs)
         rows, dev, pool = self.buckets[-1], runner.device, runner.pool
         P = pool.page_size
@@ -141,8 +144,16 @@ class BucketedDecode:
             out = self._forward(rows)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._out[rows] = self._forward(rows)
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._out[rows] = self._forward(rows)
+        except RuntimeError as e:
+            if self.strict:
+                raise
+            log.warning("capturing the decode step failed (%s); decoding without CUDA "
+                        "graphs from now on", e)
+            self.capture = False
+            return out
         self._pool = graph.pool()
         self._graphs[rows] = graph
         log.info("captured the decode step at batch size %d", rows)
