@@ -10,7 +10,8 @@
   GET  /metrics                                the router's metrics (metrics.py)
   GET  /router/workers                         the routing set and each worker's state
   POST /router/workers {"url"}                 add a worker; DELETE with the same body: remove
-  POST /router/decide {"kind", "body"}         the decision for a body, without sending it
+  POST /router/decide {"kind", "body"}         the decision for a body (kind: chat,
+                                               completion, responses), without sending it
 """
 from __future__ import annotations
 
@@ -97,8 +98,9 @@ def build_app(router: Router) -> Starlette:
             q = json.loads(await request.body())
             kind, body = q["kind"], q["body"]
         except (ValueError, KeyError, TypeError):
-            return error_json(400, "the body must be {\"kind\": \"chat\"|\"completion\", "
-                                   "\"body\": {...}}", "invalid_request_error", "invalid_body")
+            return error_json(400, "the body must be {\"kind\": \"chat\"|\"completion\"|"
+                                   "\"responses\", \"body\": {...}}", "invalid_request_error",
+                              "invalid_body")
         try:
             d = await router.decide(kind, body)
         except NoWorker:

@@ -278,8 +278,11 @@ class Router:
         return self.prompts.prompt(kind, body)
 
     async def decide(self, kind: str, body, exclude: frozenset[str] = frozenset()) -> Decision:
+        """The decision for a body of `kind` ("chat", "completion" or "responses")."""
+        prefer = (await self.served_by(body.get("previous_response_id"))
+                  if kind == "responses" and isinstance(body, dict) else None)
         return await self.decide_prompt(await self.tokenize(kind, body), exclude,
-                                        session_of(body))
+                                        session_of(body), prefer)
 
     async def decide_prompt(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset(),
                             session: str | None = None, prefer: str | None = None

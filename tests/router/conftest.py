@@ -85,13 +85,13 @@ def decide(router, body: dict, kind: str = "chat") -> dict:
                       timeout=30).json()
 
 
-def decide_when(router, body: dict, ok, timeout: float = 10.0) -> dict:
+def decide_when(router, body: dict, ok, timeout: float = 10.0, kind: str = "chat") -> dict:
     """The decision for `body` once `ok(decision)` holds (or the last one after `timeout`).
     Workers publish their cache asynchronously, after the response that filled it, so a
     decision taken at once may still see the tree from before the last request."""
     until = time.time() + timeout
     while True:
-        d = decide(router, body)
+        d = decide(router, body, kind)
         if ok(d) or time.time() > until:
             return d
         time.sleep(0.05)

@@ -114,6 +114,21 @@ def test_another_replica_knows_the_maker(pair, tiny_dir):
         second.stop()
 
 
+def test_a_first_turn_is_scored_by_its_prompt(pair, tiny_dir):
+    # The router builds a first turn's prompt as the worker does: its published pages
+    # predict exactly the cached tokens the worker reports for the same turn sent again.
+    _, ws, rt = pair
+    body = {"model": str(tiny_dir), "input": "A first turn about lakes. " * 10,
+            "instructions": "Answer briefly.", "max_output_tokens": 2, "temperature": 0}
+    _, worker = _create(rt, body)
+    d = decide_when(rt, body, lambda d: d["predicted_cached_tokens"] > 0, kind="responses")
+    assert d["worker"] == worker and d["how"] == "score"
+    resp, again = _create(rt, body)
+    assert again == worker
+    assert resp["usage"]["input_tokens_details"]["cached_tokens"] == d["predicted_cached_tokens"]
+    assert resp["usage"]["input_tokens"] == d["prompt_tokens"]
+
+
 def test_prompt_cache_key_pins_a_worker(pair, tiny_dir):
     _, ws, rt = pair
     model, urls = str(tiny_dir), [w.url for w in ws]
