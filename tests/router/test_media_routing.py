@@ -117,3 +117,26 @@ def test_exif_rotated_jpeg_and_unseen_images(vl_cluster, vlm_dir):
     d = decide(rt, {"model": model, "messages": messages("http://127.0.0.1:9/x.png", "hi"),
                     "max_tokens": 3})
     assert d["predicted_cached_tokens"] == 0 and d["prompt_tokens"] == 0
+
+
+def test_a_salted_image_prompt_is_predicted_only_under_its_salt(vl_cluster, vlm_dir):
+    # Media hash and salt together: the router keys the prompt in the worker's namespace for
+    # both, so the same image and text under another salt (or none) is predicted cold, and
+    # the worker indeed reuses nothing; under its own salt the prediction is exact.
+    ws, rt = vl_cluster
+    model = str(vlm_dir)
+    x = data_url(4)
+
+    def body(q, **kw):
+        return {"model": model, "messages": messages(x, q), "max_tokens": 3, **kw}
+    alice = {"extra_body": {"cache_salt": "alice"}}
+    _, wx = chat_raw(rt, model, messages(x, "what is it?"), **alice)
+    d = decide_when_published(rt, body("and the edges?", cache_salt="alice"), wx)
+    resp, w = chat_raw(rt, model, messages(x, "and the edges?"), **alice)
+    assert w == wx and d["predicted_cached_tokens"] == \
+        resp.usage.prompt_tokens_details.cached_tokens > 0
+    for kw in ({"cache_salt": "bob"}, {}):
+        d = decide(rt, body("and the middle?", **kw))
+        assert d["predicted_cached_tokens"] == 0, kw
+        resp, _ = chat_raw(rt, model, messages(x, "and the middle?"), extra_body=kw)
+        assert resp.usage.prompt_tokens_details.cached_tokens == 0, kw
