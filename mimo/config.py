@@ -273,22 +273,42 @@ class SchedulerConfig:
         return _from_dict(cls, data)
 
 
+QUANTIZE = ("auto", "none", "int8", "gguf", "q8_0")
+
+
+def _auto_dtype(device: str) -> str:
+    if device != "cpu":
+        return "bfloat16"
+    from .cpu.features import cpu_info
+    return "bfloat16" if cpu_info().native_bf16 else "float32"
+
+
 @dataclass(frozen=True)
 class RuntimeConfig:
     """How the model runs: device, activation dtype, weight format, threads."""
     device: str = "cpu"
-    dtype: str = "bfloat16"      # activations and KV: 'float32' or 'bfloat16'
-    quantize: str = "auto"       # decode weights: 'none' or 'int8' ('auto': int8 on CPU+bf16)
+    # activations and KV: 'float32', 'bfloat16', or 'auto' (resolved here: bfloat16 on a GPU
+    # and on CPUs with native bf16 arithmetic, AVX-512-BF16 or AMX; float32 on the rest,
+    # where a bf16 matmul runs several times slower than a float32 one)
+    dtype: str = "auto"
+    # Weights of decode-sized steps (prefill always uses the dense weights):
+    #   'gguf'  the GGUF file's own blocks through the C++ kernels (mimo/cpu);
+    #   'q8_0'  Q8_0 blocks made from float weights, through the same kernels;
+    #   'int8'  int8 per-row copies through torch's weight-only kernel (bfloat16 only);
+    #   'none'  the dense weights;
+    #   'auto'  gguf for a GGUF model on a CPU whose kernels load, else int8 on CPU bfloat16.
+    quantize: str = "auto"
     num_threads: int | None = None
     # torch.compile of the layers for prefill-sized steps: 'on', 'off', or 'auto' (off: on
     # this 2-core CPU the compiled layers, which break their graphs around the paged
     # attention, measured slower than eager; docs/speed.md). The default comes from
     # $MIMO_COMPILE when set.
     compile: str = field(default_factory=lambda: os.environ.get("MIMO_COMPILE", "auto"))
-    # How greedy decoding finds the argmax of the LM head (models/lm_head.py): 'exact' (the
-    # argmax of the int8 logits, proven by an error bound) or 'int4' (an int4 copy scores,
-    # its best 64 are rescored exactly: a third of the head's traffic for one row). 'auto':
-    # int4 when int8 weights are on.
+    # How greedy decoding finds the argmax of the LM head under int8 weights
+    # (models/lm_head.py): 'exact' (the argmax of the int8 logits, proven by an error bound)
+    # or 'int4' (an int4 copy scores, its best 64 are rescored exactly: a third of the head's
+    # traffic for one row). 'auto': int4 when int8 weights are on. Block-quantized heads
+    # (gguf, q8_0) take the argmax of their own logits in the fused kernel.
     greedy_head: str = "auto"
     # Attention kernels (mimo/gpu/backends.py): 'torch', 'triton', 'flashinfer' or 'auto'
     # (triton on a CUDA device when triton imports, else torch).
@@ -299,17 +319,23 @@ class RuntimeConfig:
     decode_graphs: str = "auto"
 
     def __post_init__(self):
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", _auto_dtype(self.device))
         if self.dtype not in ("float32", "bfloat16"):
-            raise ConfigError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
-        if self.quantize not in ("auto", "none", "int8"):
-            raise ConfigError(f"quantize must be auto, none or int8, not {self.quantize!r}")
+            raise ConfigError(f"dtype must be auto, float32 or bfloat16, not {self.dtype!r}")
+        if self.quantize not in QUANTIZE:
+            raise ConfigError(f"quantize must be one of {', '.join(QUANTIZE)}, "
+                              f"not {self.quantize!r}")
         if self.quantize == "int8" and self.dtype != "bfloat16":
             raise ConfigError("quantize=int8 needs dtype=bfloat16 (the int8 kernel takes bf16)")
+        if self.quantize in ("gguf", "q8_0") and self.device != "cpu":
+            raise ConfigError(f"quantize={self.quantize} runs the CPU kernels: it needs "
+                              f"device=cpu, not {self.device!r}")
         if self.greedy_head not in ("auto", "exact", "int4"):
             raise ConfigError(f"greedy_head must be auto, exact or int4, not {self.greedy_head!r}")
-        if self.greedy_head == "int4" and not self.use_int8:
+        if self.greedy_head == "int4" and self.quantize not in ("auto", "int8"):
             raise ConfigError("greedy_head=int4 screens the int8 head: it needs int8 weights "
-                              "(quantize auto on CPU bfloat16, or int8)")
+                              "(quantize int8, or auto on CPU bfloat16)")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"compile must be auto, on or off, not {self.compile!r}")
         if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
@@ -318,15 +344,20 @@ class RuntimeConfig:
         if self.decode_graphs not in ("auto", "on", "off"):
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")
 
-    @property
-    def use_int8(self) -> bool:
-        if self.quantize == "auto":
-            return self.dtype == "bfloat16" and self.device == "cpu"
-        return self.quantize == "int8"
-
-    @property
-    def use_int4_head(self) -> bool:
-        return self.use_int8 and self.greedy_head != "exact"
+    def weight_format(self, gguf_blocks: bool, kernels: bool) -> str:
+        """The decode weights to use ('gguf', 'q8_0', 'int8' or 'none') for a model that
+        has GGUF blocks or not, on a machine whose CPU kernels load or not."""
+        q = self.quantize
+        if q == "gguf" and not gguf_blocks:
+            raise ConfigError("quantize=gguf needs a GGUF model (use q8_0 for others)")
+        if q == "auto":
+            if gguf_blocks and kernels and self.device == "cpu" and self.greedy_head != "int4":
+                return "gguf"
+            q = "int8" if self.dtype == "bfloat16" and self.device == "cpu" else "none"
+        if self.greedy_head == "int4" and q != "int8":
+            raise ConfigError(f"greedy_head=int4 screens the int8 head, and the weights "
+                              f"are {q}")
+        return q
 
     @property
     def use_compile(self) -> bool:

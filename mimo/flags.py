@@ -6,19 +6,39 @@ from __future__ import annotations
 
 import argparse
 
-from .config import ConfigError, ServerConfig
+from .config import QUANTIZE, ConfigError, ServerConfig
+
+
+def _cpu_line() -> str:
+    from .cpu.features import CPUFeatureError, chosen_isa, cpu_info
+    info = cpu_info()
+    try:
+        isa = chosen_isa(info) or "none (plain PyTorch)"
+    except CPUFeatureError as e:
+        isa = f"invalid ({e})"
+    return (f"This CPU: {info.summary()}; bfloat16 arithmetic "
+            f"{'native' if info.native_bf16 else 'not native (dtype auto: float32)'}; "
+            f"CPU kernel build: {isa}.")
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Engine flags shared by every command that loads a model; each maps 1:1 to a config
     field (mimo/config.py)."""
     g = p.add_argument_group("engine")
+    p.epilog = ((p.epilog or "") + " " + _cpu_line()).strip()
     g.add_argument("--model", default="gemma-3-270m",
                    help="built-in name (gemma-3-270m), a .gguf file, or a Hugging Face directory")
-    g.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="activation and KV dtype (float32 reproduces reference numerics)")
-    g.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"],
-                   help="int8 weight copies for small-batch matmuls (auto: on for CPU bfloat16)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="activation and KV dtype (auto: bfloat16 on GPUs and on CPUs with "
+                        "native bf16 (AVX-512-BF16, AMX), else float32; float32 reproduces "
+                        "reference numerics)")
+    g.add_argument("--quantize", default="auto", choices=list(QUANTIZE),
+                   help="weights of decode-sized steps: gguf (the GGUF file's own blocks "
+                        "through mimo's C++ CPU kernels), q8_0 (Q8_0 blocks made from float "
+                        "weights, same kernels), int8 (torch's int8 weight-only kernel, "
+                        "bfloat16 only), none; auto: gguf for a GGUF model where the kernels "
+                        "load, else int8 on CPU bfloat16. $MIMO_CPU_ISA=avx2|avx512-vnni|none "
+                        "forces a kernel build")
     g.add_argument("--greedy-head", default="auto", choices=["auto", "exact", "int4"],
                    help="greedy argmax of the LM head: exact (of the int8 logits, proven by "
                         "an error bound) or int4 (an int4 copy scores, its best 64 are "

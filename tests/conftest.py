@@ -34,10 +34,10 @@ def gemma_loaded():
 
 @pytest.fixture(scope="session")
 def gemma_fp32(gemma_loaded):
-    """The real default model in float32 (reference-exact numerics)."""
+    """The real default model in float32 with dense weights (reference-exact numerics)."""
     from mimo import LLM
     return LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, dtype="float32",
-               kv_cache_memory="256MiB")
+               quantize="none", kv_cache_memory="256MiB")
 
 
 @pytest.fixture(autouse=True)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
+from ..cpu.features import cpu_info
 from .session_keys import SessionKeys
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -94,6 +95,11 @@ class Metrics:
         """Export the engine's running totals, read at scrape time: preemptions and steps
         that failed (each failed only the requests it touched)."""
         self.registry.register(_EngineCollector(engine))
+        w, rt = engine.weights, engine.config.runtime
+        info = cpu_info()
+        Gauge("mimo_compute_info", "The CPU's instruction sets and the kernels in use (value 1)",
+              ["cpu", "cpu_flags", "kernels", "weights", "dtype"], registry=self.registry).labels(
+            info.model, " ".join(sorted(info.flags)), w.kernels, w.format, rt.dtype).set(1)
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)

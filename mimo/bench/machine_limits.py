@@ -1,8 +1,9 @@
 """The machine's own limits, measured in the run that compares servers against them:
 
-- matmul rate: a bf16 `torch.nn.functional.linear` of prefill shape ([tokens, hidden] by
+- matmul rate: the faster of a float32 and a bf16 `torch.nn.functional.linear` of prefill shape ([tokens, hidden] by
   [out, hidden]; default [3000, 640] x [2048, 640], Gemma 3 270M's MLP up projection over a
-  3,000-token prompt), FLOP/s = 2 x tokens x hidden x out / seconds;
+  3,000-token prompt), FLOP/s = 2 x tokens x hidden x out / seconds; both are reported, and
+  the int8 rate of mimo's Q8_0 block kernel on 64 rows of that shape;
 - memory read bandwidth: a float32 sum and a plain int64 sum over a buffer much larger than
   any cache (1 GiB), and a bf16 matrix-vector product over one (what a decode step does to
   its weights); the fastest of the three, bytes / seconds.
@@ -34,15 +35,33 @@ def _best(fn, reps: int) -> float:
     return best
 
 
-def matmul_rate(tokens: int, hidden: int, out: int, reps: int) -> float:
-    """FLOP/s of a bf16 linear [tokens, hidden] x [out, hidden]^T."""
+def matmul_rate(tokens: int, hidden: int, out: int, reps: int, dtype: str = "bfloat16") -> float:
+    """FLOP/s of a linear [tokens, hidden] x [out, hidden]^T in `dtype`."""
     import torch
     import torch.nn.functional as F
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, hidden, generator=g).to(torch.bfloat16)
-    w = torch.randn(out, hidden, generator=g).to(torch.bfloat16)
+    x = torch.randn(tokens, hidden, generator=g).to(getattr(torch, dtype))
+    w = torch.randn(out, hidden, generator=g).to(getattr(torch, dtype))
     s = _best(lambda: F.linear(x, w), reps)
     return 2.0 * tokens * hidden * out / s
+
+
+def int8_rate(tokens: int, hidden: int, out: int, reps: int) -> float | None:
+    """OP/s of mimo's Q8_0 block kernel (int8 dot products) on the same shape, at most 64
+    rows (the kernel serves decode-sized steps); None without the kernels."""
+    import torch
+
+    from mimo.cpu import extension
+    from mimo.models.quantized import q8_0_blocks
+    ext = extension.load()
+    if ext is None:
+        return None
+    g = torch.Generator().manual_seed(0)
+    rows = min(tokens, 64)
+    x = torch.randn(rows, hidden, generator=g)
+    part = q8_0_blocks(torch.randn(out, hidden, generator=g))
+    s = _best(lambda: ext.qlinear(x, [part.data], [part.qtype]), reps)
+    return 2.0 * rows * hidden * out / s
 
 
 def read_bandwidth(nbytes: int, reps: int) -> dict[str, float]:
@@ -69,13 +88,21 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
     try:
         shape = (512, 640, 2048) if quick else matmul_shape
         nbytes = (128 if quick else 1024) * 2**20
-        rate = matmul_rate(*shape, reps=reps)
+        rates = {d: matmul_rate(*shape, reps=reps, dtype=d) for d in ("float32", "bfloat16")}
+        i8 = int8_rate(*shape, reps=reps)
         reads = read_bandwidth(nbytes, reps)
     finally:
         torch.set_num_threads(before)
+    from mimo.cpu.features import cpu_info
+    info = cpu_info()
     method = max(reads, key=reads.get)
-    return {"threads": threads, "matmul_shape": list(shape), "matmul_dtype": "bfloat16",
-            "matmul_gflops": round(rate / 1e9, 1), "read_bytes": nbytes,
+    best = max(rates, key=rates.get)
+    return {"cpu": info.model, "cpu_flags": sorted(info.flags),
+            "threads": threads, "matmul_shape": list(shape), "matmul_dtype": best,
+            "matmul_gflops": round(rates[best] / 1e9, 1),
+            "matmul_gflops_by_dtype": {k: round(v / 1e9, 1) for k, v in rates.items()},
+            "int8_kernel_gops": None if i8 is None else round(i8 / 1e9, 1),
+            "read_bytes": nbytes,
             "bandwidth_gbs": round(reads[method] / 1e9, 2), "bandwidth_method": method,
             "bandwidth_gbs_by_method": {k: round(v / 1e9, 2) for k, v in reads.items()},
             "reps": reps}

@@ -15,7 +15,7 @@ from ..kvcache.dual_pool import DualPool
 from ..kvcache.layout import KVLayout, plan_pages
 from ..kvcache.namespace import CacheScope
 from ..models import registry
-from ..models.layers import INT8_MAX_ROWS
+from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
 from .graph_decode import BucketedDecode, resolve_decode_graphs
 from .parts import EngineParts
 from .runner import ModelRunner
@@ -23,6 +23,7 @@ from .sampling_params import SamplingParams
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence, Status
 from .tier_loader import TierLoader
+from .weights import prepare_weights
 
 log = logging.getLogger("mimo.engine")
 
@@ -66,13 +67,12 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         dtype = DTYPES[rt.dtype]
         self.model = registry.build_model(mc, loaded.weights, dtype).to(rt.device).eval()
-        if rt.use_int8:
-            self.model.quantize_int8()
-            if rt.use_int4_head:
-                self.model.lm_head.screen_int4()
+        self.weights = prepare_weights(self.model, rt, loaded)
+        fmt = self.weights.format
         if rt.use_compile:
-            # Steps the int8 kernels serve (decode) stay eager; see DecoderLM.compile_layers.
-            self.model.compile_layers(above=INT8_MAX_ROWS if rt.use_int8 else 0)
+            # Steps the small-batch kernels serve (decode) stay eager; see compile_layers.
+            above = {"int8": INT8_MAX_ROWS, "gguf": QUANT_MAX_ROWS, "q8_0": QUANT_MAX_ROWS}
+            self.model.compile_layers(above=above.get(fmt, 0))
         self.max_model_len = min(config.max_model_len or mc.max_position, mc.max_position)
         if self.max_model_len < 2:
             raise ConfigError("max_model_len must be >= 2")

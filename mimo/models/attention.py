@@ -35,8 +35,9 @@ class Attention(nn.Module):
         self.hq = cfg.num_heads
         self.hkv, self.d, self.dv = cfg.kv_shape(kind)
         names = [p + n for n in ("q_proj", "k_proj", "v_proj")]
-        self.qkv = Linear(torch.cat([w[n + ".weight"] for n in names]).to(dtype))
-        self.o = Linear(w[p + "o_proj.weight"].to(dtype))
+        self.qkv = Linear(torch.cat([w[n + ".weight"] for n in names]).to(dtype),
+                          tuple(n + ".weight" for n in names))
+        self.o = Linear(w[p + "o_proj.weight"].to(dtype), (p + "o_proj.weight",))
         # One bias row for the fused projection; checkpoints without biases get zeros.
         self.qkv_bias = (nn.Parameter(torch.cat([
             w.get(n + ".bias", torch.zeros(w[n + ".weight"].shape[0], dtype=w[n + ".weight"].dtype))

@@ -79,14 +79,14 @@ class DecoderLM(nn.Module):
         """The tied embedding, else `lm_head.weight`; an untied checkpoint without one is
         refused if `required`, else tied after all (Gemma's choice)."""
         if self.cfg.tie_word_embeddings:
-            head = self.embed
+            head, source = self.embed, "model.embed_tokens.weight"
         elif "lm_head.weight" in w:
-            head = w["lm_head.weight"].to(dtype)
+            head, source = w["lm_head.weight"].to(dtype), "lm_head.weight"
         elif required:
             raise ValueError(f"untied {self.cfg.arch} checkpoint has no lm_head.weight")
         else:
-            head = self.embed
-        return LMHead(Linear(head))
+            head, source = self.embed, "model.embed_tokens.weight"
+        return LMHead(Linear(head, (source,)))
 
     def quantize_int8(self) -> None:
         quantize_int8(self)

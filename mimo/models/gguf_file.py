@@ -65,6 +65,11 @@ class GGUFFile:
             out[name] = t
         return out
 
+    def raw(self, t: GGUFTensor) -> torch.Tensor:
+        """The tensor's bytes as stored (a copy), uint8 [rows, bytes per row]."""
+        data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+        return torch.from_numpy(data.copy()).view(int(np.prod(t.shape[:-1])), -1)
+
     def dequantize(self, t: GGUFTensor) -> torch.Tensor:
         """float32 tensor of `t.shape`."""
         from gguf.constants import GGMLQuantizationType as Q

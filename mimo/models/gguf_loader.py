@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..cpu.qmatrix import QuantPart, supported
 from . import families
 from .architecture import Architecture
 from .gguf_file import GGUFFile
@@ -57,6 +58,24 @@ def gguf_weights(f: GGUFFile, progress: bool = True) -> dict[str, torch.Tensor]:
         out[name] = w if fmt.to_hf is None else fmt.to_hf(t.name, w, f.metadata)
         bar.update(1)
     bar.close()
+    return out
+
+
+def gguf_blocks(f: GGUFFile) -> dict[str, QuantPart]:
+    """HF name -> the tensor's own quantized blocks, for every tensor of a type the CPU
+    kernels take whose conversion to HF conventions leaves its values as they are (a
+    family that permutes or rescales a tensor keeps only its float copy)."""
+    arch = _format(f)
+    fmt = arch.gguf
+    out: dict[str, QuantPart] = {}
+    for t in f.tensors.values():
+        if not supported(t.qtype) or len(t.shape) != 2:
+            continue
+        if fmt.to_hf is not None:
+            probe = torch.ones(1)
+            if fmt.to_hf(t.name, probe, f.metadata) is not probe:
+                continue
+        out[_hf_name(t.name, arch.name, fmt.names)] = QuantPart(f.raw(t), t.qtype, t.shape[1])
     return out
 
 

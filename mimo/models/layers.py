@@ -5,10 +5,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cpu.qmatrix import QuantMatrix
+
 # Below this many rows a matmul is a GEMV, bound by weight bytes: the int8 weight-only kernel
 # reads half the bytes of bf16. Above it the dense bf16 GEMM wins (int8 kernel is not tiled
 # for large M), so both copies are kept when int8 is on.
 INT8_MAX_ROWS = 8
+# Steps of at most this many rows use a Linear's GGUF blocks (`qweight`) through the C++
+# kernels; larger ones (prefill) use the dense weight, whose GEMM is faster there.
+QUANT_MAX_ROWS = 16
 
 
 def quantize_int8(module: nn.Module) -> None:
@@ -19,13 +24,17 @@ def quantize_int8(module: nn.Module) -> None:
 
 
 class Linear(nn.Module):
-    """y = x @ W.T (no bias). Optionally keeps an int8 per-row copy of W for small batches."""
+    """y = x @ W.T (no bias). Optionally keeps, for small batches, an int8 per-row copy of W
+    or W's GGUF blocks (`qweight`, see mimo.cpu.qmatrix). `source`: the checkpoint tensors
+    stacked by rows into W, in order, so that their blocks can be found for it."""
 
-    def __init__(self, weight: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, source: tuple[str, ...] = ()):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
+        self.source = source
         self.w_int8: torch.Tensor | None = None
         self.w_scale: torch.Tensor | None = None
+        self.qweight: QuantMatrix | None = None
 
     def quantize_int8(self) -> None:
         w = self.weight.detach().float()
@@ -36,6 +45,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inputs come in the residual stream's float32 (DecoderLM) or the weights' dtype;
         # the product runs in the weights' dtype.
+        if self.qweight is not None and x.numel() // x.shape[-1] <= QUANT_MAX_ROWS:
+            return self.qweight.matmul(x).to(self.weight.dtype)
         x = x.to(self.weight.dtype)
         if self.w_int8 is not None and x.dtype == torch.bfloat16:
             rows = x.numel() // x.shape[-1]

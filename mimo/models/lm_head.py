@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import Linear
+from .layers import QUANT_MAX_ROWS, Linear
 
 INT4_GROUP = 32         # weights per (scale, zero) pair along the hidden dim
 INT4_MAX_ROWS = 4       # above this, the int8 x int8 product is faster than int4 weight-only
@@ -80,6 +80,11 @@ class LMHead(nn.Module):
         """Exact argmax of each row's logits; with `allowed` (bool [rows, >= vocab]), over
         the allowed tokens only (a grammar's mask: the int8 bound then picks candidates
         among them)."""
+        q = self.linear.qweight
+        if q is not None and allowed is None and h.shape[0] <= QUANT_MAX_ROWS:
+            # the argmax of the kernels' logits (the ones `logits` returns), fused: the
+            # [rows, vocab] scores are never written
+            return q.topk(h, 1)[1][:, 0].tolist()
         if self.linear.w_int8 is None:
             logits = self.logits(h)
             if allowed is not None:
@@ -140,6 +145,8 @@ class LMHead(nn.Module):
         """float32 logits of tokens `idx` for one hidden row `h`, from the weights `greedy`
         treats as exact (the int8 copy dequantized, when there is one)."""
         lin = self.linear
+        if lin.qweight is not None:
+            return lin.qweight.select_rows(idx).matmul(h.reshape(1, -1))[0]
         if lin.w_int8 is not None:
             if not self._ready:
                 self._prepare()

@@ -28,8 +28,11 @@ class GatedMLP(nn.Module):
     def load(cls, w: dict, prefix: str, dtype: torch.dtype, act: str = "silu") -> GatedMLP:
         """From HF weights `{prefix}gate_proj`, `up_proj`, `down_proj` (e.g. `model.layers.3.mlp.`)."""
         p = prefix
-        return cls(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]).to(dtype),
-                   w[p + "down_proj.weight"].to(dtype), act)
+        mlp = cls(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]).to(dtype),
+                  w[p + "down_proj.weight"].to(dtype), act)
+        mlp.gate_up.source = (p + "gate_proj.weight", p + "up_proj.weight")
+        mlp.down.source = (p + "down_proj.weight",)
+        return mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g, u = self.gate_up(x).chunk(2, dim=-1)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..config import ModelConfig
+from ..cpu.qmatrix import QuantPart
 from . import families
 from .hf_config import model_config_from_hf, vision_preprocessing
 
@@ -53,6 +54,8 @@ class LoadedModel:
     weights: dict[str, torch.Tensor]
     tokenizer: object
     source: str
+    # HF name -> the GGUF file's own blocks of that tensor (GGUF models only)
+    blocks: dict[str, QuantPart] = field(default_factory=dict)
 
 
 def resolve(name: str) -> Path:
@@ -75,14 +78,16 @@ def load(name: str, progress: bool = True) -> LoadedModel:
     from .tokenizer import Tokenizer
     path = resolve(name)
     if path.is_file():
-        from .gguf_loader import gguf_hf_config, gguf_weights, open_gguf
+        from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf
         f = open_gguf(path)
         try:
             cfg = model_config_from_hf(gguf_hf_config(f))
             tok = Tokenizer.from_gguf(f.metadata)
             weights = gguf_weights(f, progress)
+            blocks = gguf_blocks(f)
         finally:
             f.close()
+        return LoadedModel(cfg, weights, tok, str(path), blocks)
     else:
         from .hf_loader import hf_weights
         try:

@@ -1,0 +1,86 @@
+"""Build (once) and load the C++ kernels for the instruction set chosen by `features`.
+
+Builds are cached under `$MIMO_KERNEL_CACHE` (default `~/.cache/mimo/kernels`), one folder
+per instruction set, torch version and source hash, so a second process (or a second
+start) loads the shared object without compiling. Where the build or the load fails (no
+compiler, an unsupported CPU), `load()` returns None once, logs one line saying why and that
+mimo runs its plain PyTorch kernels, and every caller falls back.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from .features import chosen_isa
+
+log = logging.getLogger("mimo.cpu")
+
+_SRCS = [Path(__file__).parent / "csrc" / n for n in ("qkernels.cpp", "attention.cpp")]
+_FLAGS = {
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-DMIMO_ISA_AVX2"],
+    "avx512-vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                    "-mavx512vnni", "-DMIMO_ISA_VNNI"],
+}
+_lock = threading.Lock()
+_loaded: dict[str, ModuleType | None] = {}
+# Seconds the last build took (0.0: loaded from the cache), for start-up reports.
+last_build_s: float | None = None
+
+
+def cache_dir(isa: str) -> Path:
+    root = Path(os.environ.get("MIMO_KERNEL_CACHE", Path.home() / ".cache" / "mimo" / "kernels"))
+    h = hashlib.sha256(" ".join(_FLAGS[isa]).encode())
+    for src in _SRCS:
+        h.update(src.read_bytes())
+    digest = h.hexdigest()[:12]
+    return root / f"{isa}-torch{torch.__version__.replace('+', '_')}-{digest}"
+
+
+def load(isa: str | None = None) -> ModuleType | None:
+    """The kernels for `isa` (default: the chosen one), building them on first use; None
+    (and one log line) when they cannot be had."""
+    global last_build_s
+    isa = isa if isa is not None else chosen_isa()
+    if isa is None:
+        return _fail("none", "no supported instruction set (AVX2+FMA+F16C at least), or "
+                             "MIMO_CPU_ISA=none")
+    with _lock:
+        if isa in _loaded:
+            return _loaded[isa]
+        from torch.utils import cpp_extension
+        build = cache_dir(isa)
+        build.mkdir(parents=True, exist_ok=True)
+        name = f"mimo_qkernels_{isa.replace('-', '_')}"
+        cached = (build / f"{name}.so").exists()
+        t0 = time.perf_counter()
+        try:
+            mod = cpp_extension.load(
+                name=name, sources=[str(s) for s in _SRCS], build_directory=str(build),
+                extra_cflags=["-O3", "-fopenmp", *_FLAGS[isa]], extra_ldflags=["-fopenmp"],
+                verbose=False)
+        except Exception as e:       # a missing compiler shows as several exception types
+            _loaded[isa] = None
+            return _fail(isa, f"build failed ({type(e).__name__}: {str(e).strip()[:200]})")
+        last_build_s = 0.0 if cached else time.perf_counter() - t0
+        _loaded[isa] = mod
+        log.info("CPU kernels: %s build %s", isa,
+                 "loaded from the cache" if cached else f"compiled in {last_build_s:.1f} s")
+        return mod
+
+
+_warned: set[str] = set()
+
+
+def _fail(isa: str, why: str) -> None:
+    if isa not in _warned:          # one line per process, however often callers ask
+        _warned.add(isa)
+        log.warning("CPU kernels (%s) unavailable: %s; running the plain PyTorch kernels",
+                    isa, why)
+    return None

@@ -1,0 +1,115 @@
+"""A weight matrix kept in a GGUF file's own quantized blocks, multiplied by the C++ kernels.
+
+`QuantMatrix` is the row-wise concatenation of parts, each in its own GGML type (a fused
+q/k/v projection whose parts the file stores as Q5_0, Q5_0 and Q8_0). Products quantize the
+activations to 8 bits per block of 32 (llama.cpp's recipe) and take integer dot products
+against the blocks as they are, so mimo computes with exactly the weights llama.cpp does.
+
+Where the kernels cannot be loaded (`extension.load()` is None) the same product runs on
+the plain PyTorch path: the blocks dequantized once (by the `gguf` package) to float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import extension
+
+# GGML type ids the kernels take, with (elements, bytes) per block.
+BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+          12: (256, 144), 13: (256, 176), 14: (256, 210)}
+NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
+         14: "Q6_K"}
+
+
+@dataclass(frozen=True)
+class QuantPart:
+    """Rows of a weight in GGUF blocks: `data` uint8 [rows, row_bytes], `cols` elements a row."""
+    data: torch.Tensor
+    qtype: int
+    cols: int
+
+    def __post_init__(self) -> None:
+        if self.qtype not in BLOCKS:
+            raise ValueError(f"GGML type {self.qtype} has no kernel "
+                             f"(supported: {', '.join(NAMES.values())})")
+        elems, nbytes = BLOCKS[self.qtype]
+        if self.cols % elems or self.data.dim() != 2 or self.data.dtype != torch.uint8 \
+                or self.data.shape[1] != self.cols // elems * nbytes:
+            raise ValueError(f"{NAMES[self.qtype]} blocks of shape {tuple(self.data.shape)} "
+                             f"do not hold rows of {self.cols} elements")
+
+    @property
+    def rows(self) -> int:
+        return self.data.shape[0]
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 [rows, cols], by the `gguf` package (the plain reference)."""
+        from gguf.constants import GGMLQuantizationType
+        from gguf.quants import dequantize
+        d = self.data if rows is None else self.data.index_select(0, rows)
+        arr = dequantize(d.numpy(), GGMLQuantizationType(self.qtype))
+        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+
+
+def supported(qtype: int) -> bool:
+    return qtype in BLOCKS
+
+
+class QuantMatrix:
+    """y = x @ W.T with W the parts stacked by rows."""
+
+    def __init__(self, parts: list[QuantPart]):
+        if not parts or len({p.cols for p in parts}) != 1:
+            raise ValueError("a QuantMatrix needs parts with one row length")
+        self.parts = parts
+        self.shape = (sum(p.rows for p in parts), parts[0].cols)
+        self._dense: torch.Tensor | None = None      # the fallback's float32 copy
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.data.numel() for p in self.parts)
+
+    @property
+    def kernel(self) -> str:
+        ext = extension.load()
+        return ext.isa() if ext is not None else "torch"
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = torch.cat([p.dequantize() for p in self.parts])
+        return self._dense
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 [..., N] for x [..., K] (any float dtype)."""
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).float().contiguous()
+        ext = extension.load()
+        if ext is None:
+            y = x2 @ self.dense().T
+        else:
+            y = ext.qlinear(x2, [p.data for p in self.parts], [p.qtype for p in self.parts])
+        return y.reshape(*lead, self.shape[0])
+
+    def select_rows(self, idx: torch.Tensor) -> QuantMatrix:
+        """The rows `idx` of W: their products equal those columns of the full product."""
+        if len(self.parts) != 1:
+            raise ValueError("select_rows takes a single-part matrix")
+        p = self.parts[0]
+        return QuantMatrix([QuantPart(p.data.index_select(0, idx), p.qtype, p.cols)])
+
+    def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(scores, columns) [M, k] of the k best columns of each row of x [M, K], best first,
+        ties to the lower column; the [M, N] scores are never written by the kernels."""
+        ext = extension.load()
+        x2 = x.float().contiguous()
+        if ext is None or len(self.parts) != 1:
+            s = self.matmul(x2)
+            # a stable descending sort puts equal scores in column order
+            order = torch.sort(s, dim=1, descending=True, stable=True)
+            return order.values[:, :k], order.indices[:, :k]
+        p = self.parts[0]
+        vals, idx = ext.qtopk(x2, p.data, p.qtype, k)
+        return vals, idx

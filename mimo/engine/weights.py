@@ -1,0 +1,42 @@
+"""The model's decode weights, chosen once at start-up from the configuration, the model
+file and the CPU (RuntimeConfig.weight_format), and reported in one log line: the CPU's
+instruction sets, the dtype, the weight format and the kernels in use."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..config import RuntimeConfig
+from ..cpu import extension
+from ..cpu.features import cpu_info
+from ..models.quantized import QuantReport, quantize_q8_0, use_gguf_blocks
+from ..models.registry import LoadedModel
+
+log = logging.getLogger("mimo.engine")
+
+
+@dataclass(frozen=True)
+class Weights:
+    format: str                   # 'gguf', 'q8_0', 'int8' or 'none'
+    kernels: str                  # the CPU kernel build ('avx2', 'avx512-vnni') or 'torch'
+    report: QuantReport | None    # what the block formats hold
+
+
+def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
+    ext = None
+    if rt.device == "cpu" and rt.quantize in ("auto", "gguf", "q8_0"):
+        ext = extension.load()
+    fmt = rt.weight_format(bool(loaded.blocks), ext is not None)
+    report = None
+    if fmt == "gguf":
+        report = use_gguf_blocks(model, loaded.blocks)
+    elif fmt == "q8_0":
+        report = quantize_q8_0(model)
+    elif fmt == "int8":
+        model.quantize_int8()
+        if rt.greedy_head != "exact":
+            model.lm_head.screen_int4()
+    kernels = ext.isa() if ext is not None and report is not None else "torch"
+    log.info("CPU %s; dtype %s, decode weights %s, kernels %s%s", cpu_info().summary(),
+             rt.dtype, fmt, kernels, f": {report.summary()}" if report else "")
+    return Weights(fmt, kernels, report)

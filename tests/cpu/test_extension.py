@@ -1,0 +1,85 @@
+"""Choosing, building and loading the kernels: the instruction set chosen from the CPU's
+flags or forced, the build cached across processes, and a machine without a working
+compiler falling back to the plain PyTorch path with one log line, the engine with it."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mimo.cpu import extension
+from mimo.cpu.features import ISAS, CPUFeatureError, CPUInfo, chosen_isa, cpu_info
+
+AVX2_ONLY = CPUInfo("test cpu", frozenset({"avx2", "fma", "f16c"}))
+FULL = CPUInfo("test cpu", frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                      "avx512vl", "avx512_vnni", "avx512_bf16"}))
+
+
+def test_best_build_follows_the_flags(monkeypatch):
+    monkeypatch.delenv("MIMO_CPU_ISA", raising=False)
+    assert chosen_isa(AVX2_ONLY) == "avx2" and not AVX2_ONLY.native_bf16
+    assert chosen_isa(FULL) == "avx512-vnni" and FULL.native_bf16
+    assert chosen_isa(CPUInfo("old", frozenset({"avx2"}))) is None   # no FMA / F16C
+
+
+def test_forced_build_is_checked(monkeypatch):
+    monkeypatch.setenv("MIMO_CPU_ISA", "avx2")
+    assert chosen_isa(FULL) == "avx2"
+    monkeypatch.setenv("MIMO_CPU_ISA", "none")
+    assert chosen_isa(FULL) is None
+    monkeypatch.setenv("MIMO_CPU_ISA", "avx512-vnni")
+    with pytest.raises(CPUFeatureError, match="avx512_vnni"):
+        chosen_isa(AVX2_ONLY)
+    monkeypatch.setenv("MIMO_CPU_ISA", "sse2")
+    with pytest.raises(CPUFeatureError, match="must be one of"):
+        chosen_isa(FULL)
+
+
+def test_auto_dtype_is_float32_without_native_bf16(monkeypatch):
+    import mimo.cpu.features as features
+    from mimo.config import RuntimeConfig
+    for info, want in ((AVX2_ONLY, "float32"), (FULL, "bfloat16")):
+        monkeypatch.setattr(features, "cpu_info", lambda info=info: info)
+        assert RuntimeConfig().dtype == want
+    assert RuntimeConfig(dtype="float32").dtype == "float32"
+
+
+def _load_in_subprocess(env: dict) -> subprocess.CompletedProcess:
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "from mimo.cpu import extension\n"
+            "m = extension.load(); print('LOADED', m is not None and m.isa())\n")
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_second_process_loads_the_cached_build():
+    isa = cpu_info().best_isa
+    assert isa is not None, "this CPU runs no kernel build"
+    assert extension.load(isa) is not None          # built (or loaded) here first
+    r = _load_in_subprocess({"MIMO_CPU_ISA": isa})
+    assert f"LOADED {isa}" in r.stdout and "loaded from the cache" in r.stdout, r.stdout + r.stderr
+
+
+def test_no_compiler_falls_back_with_one_line(tmp_path):
+    """A fresh cache and a compiler that does not exist: the build fails, load() says so
+    once and returns None; the engine then runs the plain path (tested in test_qkernels)."""
+    r = _load_in_subprocess({"MIMO_KERNEL_CACHE": str(tmp_path), "CXX": "/nonexistent/c++"})
+    assert "LOADED False" in r.stdout, r.stdout + r.stderr
+    lines = [ln for ln in r.stdout.splitlines() if "unavailable" in ln]
+    assert len(lines) == 1 and "plain PyTorch" in lines[0], r.stdout
+
+
+def test_engine_reports_the_kernels_in_use(caplog, tiny_gemma3):
+    from helpers.tiny_models import loaded_from_hf
+
+    from mimo import LLM
+    with caplog.at_level(logging.INFO, logger="mimo.engine"):
+        llm = LLM("tiny", loaded=loaded_from_hf(tiny_gemma3), dtype="float32", quantize="q8_0",
+                  kv_cache_memory="2MiB", progress=False)
+    w = llm.engine.weights
+    assert w.format == "q8_0" and w.kernels in ISAS
+    line = next(r.getMessage() for r in caplog.records if "decode weights" in r.getMessage())
+    assert cpu_info().model in line and w.kernels in line and "q8_0" in line

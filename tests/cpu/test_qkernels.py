@@ -1,0 +1,147 @@
+"""The block-quantized kernels against a plain float64 reference, on random blocks of every
+supported GGML type, odd sizes included, for each kernel build this CPU can run (the AVX2
+build is run on AVX-512 machines too) and for the plain PyTorch fallback.
+
+Two references, both independent of the kernels: the weights are decoded by the `gguf`
+package; activations are quantized here in numpy as llama.cpp does (float32 scale
+amax/127, round to nearest even), and the product is taken in float64. The kernels must
+match that product to float32 rounding, and the unquantized float64 product within the
+activation quantization's bound."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from mimo.cpu import extension
+from mimo.cpu.features import ISAS, cpu_info
+from mimo.cpu.qmatrix import BLOCKS, NAMES, QuantMatrix, QuantPart
+
+# byte offsets of each type's fp16 scale fields inside a block
+_FP16_FIELDS = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 12: [0, 2], 13: [0, 2], 14: [208]}
+
+BUILDS = [i for i in ISAS if cpu_info().supports(i)] + ["torch"]
+
+
+@pytest.fixture(params=BUILDS)
+def build(request, monkeypatch):
+    """Each kernel build this CPU runs, and the fallback (the extension reported missing)."""
+    isa = request.param
+    if isa == "torch":
+        monkeypatch.setattr(extension, "load", lambda isa=None: None)
+    else:
+        mod = extension.load(isa)
+        assert mod is not None, f"the {isa} build failed on a CPU that supports it"
+        assert mod.isa() == isa
+        monkeypatch.setattr(extension, "load", lambda isa=None, m=mod: m)
+    return isa
+
+
+def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) -> QuantPart:
+    elems, nbytes = BLOCKS[qtype]
+    nb = rows * cols // elems
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    for off in _FP16_FIELDS[qtype]:       # finite scales of a realistic size
+        raw[:, off:off + 2] = (rng.uniform(0.002, 0.05, nb).astype(np.float16)
+                               * rng.choice([-1, 1], nb).astype(np.float16)).view(np.uint8).reshape(nb, 2)
+    data = torch.from_numpy(raw.reshape(rows, cols // elems * nbytes).copy())
+    return QuantPart(data, qtype, cols)
+
+
+def ref_weights(part: QuantPart) -> np.ndarray:
+    return dequantize(part.data.numpy(), GGMLQuantizationType(part.qtype)).astype(np.float64)
+
+
+def ref_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """llama.cpp's q8 activation blocks of 32 (float32 arithmetic): (quants, scales)."""
+    b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
+    am = np.abs(b).max(-1)
+    d = (am / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(am > 0, np.float32(127) / am, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv[..., None]).astype(np.float64)
+    return q, d.astype(np.float64)
+
+
+def assert_within_rounding_bound(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """y against the unquantized float64 product: each activation moves by at most half its
+    block's scale when quantized, so |y - x w^T| <= sum over blocks of d/2 * sum |w|."""
+    _, d = ref_quantize(x)
+    bound = (np.abs(w).reshape(w.shape[0], -1, 32).sum(-1) @ (d / 2).T).T
+    err = np.abs(y - x.astype(np.float64) @ w.T)
+    assert np.all(err <= bound * 1.001 + 1e-4), f"outside the q8 rounding bound: {err.max()}"
+
+
+CASES = [(qt, rows, cols, m) for qt in BLOCKS
+         for rows, cols, m in ([(37, 512, 1), (5, 768, 9), (64, 256, 17)] if BLOCKS[qt][0] == 256
+                               else [(37, 96, 1), (5, 160, 9), (64, 640, 17)])]
+
+
+@pytest.mark.parametrize("qtype,rows,cols,m", CASES,
+                         ids=[f"{NAMES[c[0]]}-{c[1]}x{c[2]}-m{c[3]}" for c in CASES])
+def test_qlinear_matches_float64(build, qtype, rows, cols, m):
+    rng = np.random.default_rng(qtype * 1000 + rows + m)
+    part = random_blocks(qtype, rows, cols, rng)
+    x = rng.standard_normal((m, cols)).astype(np.float32)
+    x[0, :32] = 0.0                                   # an all-zero activation block
+    w = ref_weights(part)
+    y = QuantMatrix([part]).matmul(torch.from_numpy(x)).numpy().astype(np.float64)
+    # the unquantized product, within the activation rounding's bound: |x - d q| <= d / 2
+    assert_within_rounding_bound(y, x, w)
+    q, d = ref_quantize(x)
+    if build == "torch":
+        return
+    # the quantized activations' product, to float32 rounding
+    qref = np.einsum("mbk,nbk,mb->mn", q, w.reshape(rows, -1, 32), d)
+    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(w.reshape(rows, -1, 32)), d)
+    np.testing.assert_array_less(np.abs(y - qref), 2e-6 * scale + 1e-6)
+
+
+def test_fused_parts_of_mixed_types(build):
+    """A fused projection whose parts have different types (Q5_0, Q5_0, Q8_0 as q/k/v)."""
+    rng = np.random.default_rng(7)
+    parts = [random_blocks(6, 24, 640, rng), random_blocks(6, 8, 640, rng),
+             random_blocks(8, 8, 640, rng)]
+    x = rng.standard_normal((3, 640)).astype(np.float32)
+    y = QuantMatrix(parts).matmul(torch.from_numpy(x)).numpy()
+    each = [QuantMatrix([p]).matmul(torch.from_numpy(x)).numpy() for p in parts]
+    np.testing.assert_allclose(y, np.concatenate(each, 1), rtol=1e-6, atol=1e-6)
+    w = np.concatenate([ref_weights(p) for p in parts])
+    assert_within_rounding_bound(y.astype(np.float64), x, w)
+
+
+@pytest.mark.parametrize("qtype", [8, 14, 6])
+@pytest.mark.parametrize("m,k", [(1, 1), (4, 16), (9, 5)])
+def test_topk_equals_sorted_scores(build, qtype, m, k):
+    rng = np.random.default_rng(qtype + 31 * m + k)
+    cols = 256 if BLOCKS[qtype][0] == 256 else 640
+    part = random_blocks(qtype, 2000, cols, rng)
+    x = torch.from_numpy(rng.standard_normal((m, cols)).astype(np.float32))
+    qm = QuantMatrix([part])
+    scores = qm.matmul(x)
+    vals, idx = qm.topk(x, k)
+    ref = torch.sort(scores, dim=1, descending=True, stable=True)
+    assert torch.equal(idx, ref.indices[:, :k])
+    torch.testing.assert_close(vals, ref.values[:, :k], rtol=0, atol=0)
+
+
+def test_topk_ties_go_to_the_lower_index(build):
+    rng = np.random.default_rng(3)
+    part = random_blocks(8, 600, 64, rng)
+    block = np.concatenate([np.array([0.05], np.float16).view(np.uint8),
+                            np.full(32, 127, dtype=np.int8).view(np.uint8)])
+    data = part.data.clone()
+    data[5] = data[517] = torch.from_numpy(np.tile(block, 2))   # equal rows: equal best scores
+    qm = QuantMatrix([QuantPart(data, 8, 64)])
+    x = torch.ones(1, 64)
+    vals, idx = qm.topk(x, 2)
+    assert idx.tolist() == [[5, 517]] and vals[0, 0] == vals[0, 1]
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(ValueError, match="do not hold rows"):
+        QuantPart(torch.zeros(4, 33, dtype=torch.uint8), 8, 32)
+    with pytest.raises(ValueError, match="no kernel"):
+        QuantPart(torch.zeros(4, 34, dtype=torch.uint8), 10, 32)
