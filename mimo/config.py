@@ -310,8 +310,8 @@ class RuntimeConfig:
     # traffic for one row). 'auto': int4 when int8 weights are on. Block-quantized heads
     # (gguf, q8_0) take the argmax of their own logits in the fused kernel.
     greedy_head: str = "auto"
-    # Attention kernels (mimo/gpu/backends.py): 'torch', 'triton', 'flashinfer' or 'auto'
-    # (triton on a CUDA device when triton imports, else torch).
+    # Attention kernels (mimo/gpu/backends.py): 'torch', 'triton', 'cpu', 'flashinfer' or
+    # 'auto' (triton on a CUDA device when triton imports, else torch).
     attention_backend: str = "auto"
     # The padded decode step over fixed batch sizes (engine/graph_decode.py): 'on', 'off' or
     # 'auto' (on where it is captured in CUDA graphs: CUDA, a paged backend, a model whose
@@ -338,8 +338,9 @@ class RuntimeConfig:
                               "(quantize int8, or auto on CPU bfloat16)")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"compile must be auto, on or off, not {self.compile!r}")
-        if self.attention_backend not in ("auto", "torch", "triton", "flashinfer"):
-            raise ConfigError(f"attention_backend must be auto, torch, triton or flashinfer, "
+        from .gpu.backends import BACKENDS
+        if self.attention_backend not in BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {', '.join(BACKENDS)}, "
                               f"not {self.attention_backend!r}")
         if self.decode_graphs not in ("auto", "on", "off"):
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from .config import QUANTIZE, ConfigError, ServerConfig
+from .gpu.backends import BACKENDS
 
 
 def _cpu_line() -> str:
@@ -47,10 +48,11 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch.compile the layers for prefill-sized steps (auto: off, "
                         "measured slower than eager on CPU; default: $MIMO_COMPILE, else auto)")
     g.add_argument("--attention-backend", default="auto",
-                   choices=["auto", "torch", "triton", "flashinfer"],
+                   choices=list(BACKENDS),
                    help="attention kernels: torch (gather + SDPA, any device), triton (paged "
-                        "kernels, CUDA), flashinfer (refused: not built in yet); auto: triton "
-                        "on a CUDA device when triton imports, else torch")
+                        "kernels, CUDA), cpu (torch with decode steps on mimo's C++ kernel), "
+                        "flashinfer (refused: not built in yet); auto: triton on a CUDA device "
+                        "when triton imports, else torch")
     g.add_argument("--decode-graphs", default="auto", choices=["auto", "on", "off"],
                    help="run steps of plain decodes padded to fixed batch sizes (1, 2, 4, "
                         "then multiples of 8 up to --max-num-seqs) from static buffers, "

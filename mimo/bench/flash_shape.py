@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+from mimo.config import QUANTIZE
+
 NAME = "flash-shape"
 # The real model's full-attention layers (48 layers: 9 full, 39 SWA); kvcache.layout's shape.
 REAL_FULL_LAYERS = (0, 5, 11, 17, 23, 29, 35, 41, 47)
@@ -48,8 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prefill-tokens", type=int, default=None, help="prefill prompt (2000; quick 256)")
     p.add_argument("--reps", type=int, default=2, help="prefill repetitions (best reported)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"], help="mimo's")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--quantize", default="auto", choices=list(QUANTIZE), help="mimo's")
     p.add_argument("--experts-implementation", default=None,
                    help="transformers' (default: its own default, grouped_mm)")
     p.add_argument("--weight-bytes", type=float, default=1.0,
@@ -215,16 +217,18 @@ def _build(args, shape: dict):
     from transformers import MiMoV2FlashForCausalLM
 
     from .. import LLM
+    from ..config import RuntimeConfig
     from ..models.hf_config import model_config_from_hf
     from ..models.registry import LoadedModel
     torch.manual_seed(args.seed)
     cfg = hf_config(shape)
-    model = MiMoV2FlashForCausalLM._from_config(cfg, dtype=getattr(torch, args.dtype)).eval()
+    dtype = RuntimeConfig(dtype=args.dtype).dtype          # 'auto' decided for this CPU
+    model = MiMoV2FlashForCausalLM._from_config(cfg, dtype=getattr(torch, dtype)).eval()
     if args.experts_implementation:
         model.set_experts_implementation(args.experts_implementation)
     mc = model_config_from_hf(cfg.to_dict())
     loaded = LoadedModel(mc, dict(model.state_dict()), None, "flash-shape")
-    llm = LLM("flash-shape", progress=False, loaded=loaded, dtype=args.dtype,
+    llm = LLM("flash-shape", progress=False, loaded=loaded, dtype=dtype,
               quantize=args.quantize, num_threads=args.threads,
               max_num_seqs=max(int(x) for x in args.streams.split(",")), kv_cache_memory="512MiB")
     return model, mc, llm

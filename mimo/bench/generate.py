@@ -18,6 +18,8 @@ import os
 import sys
 import time
 
+from mimo.config import QUANTIZE
+
 NAME = "generate"
 
 
@@ -29,9 +31,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="mimo's activation dtype")
-    p.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"])
+    p.add_argument("--quantize", default="auto", choices=list(QUANTIZE))
     p.add_argument("--peers", default="transformers,llama-cpp",
                    help="comma-separated peers to measure (transformers, llama-cpp, none)")
     return p

@@ -1,9 +1,10 @@
 """The machine's own limits, measured in the run that compares servers against them:
 
-- matmul rate: the faster of a float32 and a bf16 `torch.nn.functional.linear` of prefill shape ([tokens, hidden] by
-  [out, hidden]; default [3000, 640] x [2048, 640], Gemma 3 270M's MLP up projection over a
-  3,000-token prompt), FLOP/s = 2 x tokens x hidden x out / seconds; both are reported, and
-  the int8 rate of mimo's Q8_0 block kernel on 64 rows of that shape;
+- matmul rate: the faster of a float32 and a bf16 `torch.nn.functional.linear` of prefill
+  shape ([tokens, hidden] by [out, hidden]; default [3000, 640] x [2048, 640], Gemma 3
+  270M's MLP up projection over a 3,000-token prompt), FLOP/s = 2 x tokens x hidden x out
+  / seconds; both are reported, and the int8 rate of mimo's Q8_0 block kernel on 64 rows
+  of that shape;
 - memory read bandwidth: a float32 sum and a plain int64 sum over a buffer much larger than
   any cache (1 GiB), and a bf16 matrix-vector product over one (what a decode step does to
   its weights); the fastest of the three, bytes / seconds.

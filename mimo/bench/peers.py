@@ -94,17 +94,17 @@ def _in_netns(name: str) -> bool:
         return False
 
 
-def _enter_netns(name: str) -> None:
-    """Re-execute this command inside the namespace (servers and client then share its
-    loopback); returns only when already inside."""
+def enter_netns(name: str, command: str = NAME) -> None:
+    """Re-execute `python -m mimo.bench <command> ...` inside the namespace (servers and
+    client then share its loopback); returns only when already inside."""
     if _in_netns(name):
         return
     if not os.path.exists(f"/run/netns/{name}"):
         raise SystemExit(f"{NAME}: no network namespace {name!r}; create it (as root) with "
                          f"`ip netns add {name}; ip netns exec {name} ip link set lo up`, "
                          "or pass --netns none")
-    if len(sys.argv) < 2 or sys.argv[1] != NAME:
-        raise SystemExit(f"{NAME}: --netns needs `python -m mimo.bench {NAME} ...`")
+    if len(sys.argv) < 2 or sys.argv[1] != command:
+        raise SystemExit(f"{command}: --netns needs `python -m mimo.bench {command} ...`")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     _log(f"re-executing inside network namespace {name!r}")
     sys.stderr.flush()
@@ -244,7 +244,7 @@ def run(args) -> int:
         # Before the servers run, not after ten minutes of them.
         raise SystemExit("--plot needs matplotlib (pip install -e '.[bench]')")
     if args.netns != "none":
-        _enter_netns(args.netns)
+        enter_netns(args.netns)
     res = measure(args)
     if args.plot:
         from .peer_report import plot

@@ -25,6 +25,8 @@ import json
 import sys
 import time
 
+from mimo.config import QUANTIZE
+
 NAME = "spec"
 SHAPES = ("mimo-v2-flash-tiny",)
 
@@ -43,8 +45,8 @@ def add_parser(subparsers):
     p.add_argument("--streams", type=int, default=1, help="requests decoded concurrently")
     p.add_argument("--reps", type=int, default=2, help="alternating repetitions of each mode")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--quantize", default="auto", choices=["auto", "none", "int8"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--quantize", default="auto", choices=list(QUANTIZE))
     p.add_argument("--kv-cache-memory", default="512MiB", help="KV budget of each engine")
     return p
 
@@ -120,6 +122,7 @@ def _load(args):
 
 def run(args) -> int:
     from .. import LLM, SamplingParams
+    from ..cpu.features import cpu_info
     from ..spec.stats import SpecStats
     model, loaded = _load(args)
     common = dict(progress=False, loaded=loaded, dtype=args.dtype, quantize=args.quantize,
@@ -159,7 +162,11 @@ def run(args) -> int:
     res = {"bench": NAME, "model": args.shape or args.model, "drafter": args.drafter,
            "workload": args.workload, "num_draft_tokens": args.num_draft_tokens,
            "prompts": len(prompts), "streams": args.streams, "max_tokens": args.max_tokens,
-           "reps": args.reps, "threads": args.threads, "dtype": args.dtype,
+           "reps": args.reps, "threads": args.threads,
+           "dtype": llms["off"].engine.config.runtime.dtype,
+           "weights": llms["off"].engine.weights.format,
+           "kernels": llms["off"].engine.weights.kernels,
+           "cpu": cpu_info().model, "cpu_flags": sorted(cpu_info().flags),
            "decode_tps_off": round(off, 2), "decode_tps_on": round(on, 2),
            "speedup": round(on / off, 3), "speedup_median_of_pairs": round(median, 3),
            "speedup_per_rep": [round(x, 3) for x in pairs],

@@ -31,7 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="gemma-3-270m")
     p.add_argument("--prompt-tokens", type=int, default=8192)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--kv-cache-memory", default="1GiB")
     p.add_argument("--host-kv-cache-memory", default="1GiB")
     p.add_argument("--redis", default=None, metavar="URL",

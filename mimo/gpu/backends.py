@@ -3,9 +3,12 @@
 - torch: gathers each sequence's keys and calls SDPA (attention.py); runs anywhere.
 - triton: paged kernels over the pools (triton_attention.py); needs a CUDA device, or
   Triton's interpreter (TRITON_INTERPRET=1, CPU tensors: tests only, very slow).
+- cpu: the torch backend with its decode steps on mimo's C++ kernel (cpu_attention.py;
+  keys read in place from the pools); needs device cpu and the CPU kernels.
 - flashinfer: not built into this engine yet; refused with the reason, never replaced by
   another backend silently.
-- auto: triton when the device is CUDA and triton imports, else torch.
+- auto: triton when the device is CUDA and triton imports, else torch (cpu is opt-in until
+  it is measured faster end to end: docs/cpu_kernels.md).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ import torch
 
 from .attention import AttentionBackend, TorchAttention
 
-BACKENDS = ("auto", "torch", "triton", "flashinfer")
+BACKENDS = ("auto", "torch", "triton", "cpu", "flashinfer")
 
 
 def _triton_importable() -> bool:
@@ -36,6 +39,12 @@ def resolve_backend(name: str, device: str) -> str:
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
     if name == "auto":
         return "triton" if cuda and _triton_importable() else "torch"
+    if name == "cpu":
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"attention backend cpu runs on device cpu, not {device!r}")
+        if not _cpu_kernels():
+            raise ValueError("attention backend cpu: the CPU kernels did not build or load "
+                             "(see the log line above); use torch")
     if name == "triton":
         if not _triton_importable():
             raise ValueError("attention backend triton: the triton package does not import "
@@ -53,8 +62,16 @@ def resolve_backend(name: str, device: str) -> str:
     return name
 
 
+def _cpu_kernels() -> bool:
+    from ..cpu import extension
+    return extension.load() is not None
+
+
 def make_backend(name: str, device: str) -> AttentionBackend:
     chosen = resolve_backend(name, device)
+    if chosen == "cpu":
+        from .cpu_attention import CPUAttention
+        return CPUAttention()
     if chosen == "triton":
         from .triton_attention import TritonAttention  # imports triton: only when chosen
         return TritonAttention()

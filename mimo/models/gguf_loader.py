@@ -62,20 +62,26 @@ def gguf_weights(f: GGUFFile, progress: bool = True) -> dict[str, torch.Tensor]:
 
 
 def gguf_blocks(f: GGUFFile) -> dict[str, QuantPart]:
-    """HF name -> the tensor's own quantized blocks, for every tensor of a type the CPU
-    kernels take whose conversion to HF conventions leaves its values as they are (a
-    family that permutes or rescales a tensor keeps only its float copy)."""
+    """HF name -> the tensor's own quantized blocks, for every 2-D tensor of a type the CPU
+    kernels take. A family's conversion to HF conventions is probed on the row numbers: one
+    that reorders rows (llama's q/k permutation) reorders the block rows alike; one that
+    changes values leaves the tensor with its float copy only."""
     arch = _format(f)
     fmt = arch.gguf
     out: dict[str, QuantPart] = {}
     for t in f.tensors.values():
         if not supported(t.qtype) or len(t.shape) != 2:
             continue
+        data = f.raw(t)
         if fmt.to_hf is not None:
-            probe = torch.ones(1)
-            if fmt.to_hf(t.name, probe, f.metadata) is not probe:
-                continue
-        out[_hf_name(t.name, arch.name, fmt.names)] = QuantPart(f.raw(t), t.qtype, t.shape[1])
+            rows = torch.arange(t.shape[0], dtype=torch.float64)[:, None]
+            moved = fmt.to_hf(t.name, rows, f.metadata)
+            if moved is not rows:
+                order = moved.reshape(-1)
+                if moved.shape != rows.shape or not torch.equal(order.sort().values, rows[:, 0]):
+                    continue
+                data = data.index_select(0, order.long())
+        out[_hf_name(t.name, arch.name, fmt.names)] = QuantPart(data, t.qtype, t.shape[1])
     return out
 
 

@@ -120,9 +120,15 @@ def test_triton_runner_builds_paged_metadata(triton_device):
 
 # ---- choosing the backend ------------------------------------------------------------------
 def test_triton_backend_choice(monkeypatch, triton_device):
+    import mimo.gpu.backends as backends
     assert resolve_backend("torch", "cpu") == "torch"
     assert resolve_backend("auto", "cpu") == "torch"
     assert type(make_backend("auto", "cpu")).__name__ == "TorchAttention"
+    # cpu: the C++ decode kernel, where the CPU kernels load; refused where they do not
+    assert type(make_backend("cpu", "cpu")).__name__ == "CPUAttention"
+    monkeypatch.setattr(backends, "_cpu_kernels", lambda: False)
+    with pytest.raises(ValueError, match="did not build or load"):
+        resolve_backend("cpu", "cpu")
     # The interpreter (set for these tests) lets triton run on CPU tensors ...
     assert resolve_backend("triton", "cpu") == "triton"
     assert make_backend("triton", "cpu").paged
@@ -134,7 +140,6 @@ def test_triton_backend_choice(monkeypatch, triton_device):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_backend("auto", "cuda") == "triton"
     assert resolve_backend("auto", "cpu") == "torch"
-    import mimo.gpu.backends as backends
     monkeypatch.setattr(backends, "_triton_importable", lambda: False)
     assert resolve_backend("auto", "cuda") == "torch"
     with pytest.raises(ValueError, match="triton package does not import"):

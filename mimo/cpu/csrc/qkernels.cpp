@@ -198,6 +198,56 @@ void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, const
     }
 }
 
+#ifdef MIMO_ISA_VNNI
+// Q8_0 two blocks at a time in 512-bit registers: the head (most of a decode step's bytes)
+// and every batched step over it do half the dot, convert and scale instructions. AVX-512
+// has no vpsignb: the activation is negated under the weight's sign mask instead.
+inline __m512 halves(float lo, float hi) {   // [lo x8, hi x8], AVX-512F only (no DQ)
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(lo)),
+                                               _mm256_castps_pd(_mm256_set1_ps(hi)), 1));
+}
+
+template <int NM>
+void dot_rows_q8_0_512(const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                       const QAct* a, float* out, int64_t ldo) {
+    const int64_t nb = a[0].K / 32;
+    for (int64_t n = n0; n < n1; ++n) {
+        const uint8_t* row = w + n * row_bytes;
+        __m512 acc[NM];
+        for (int m = 0; m < NM; ++m) acc[m] = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 2 <= nb; j += 2) {
+            const uint8_t* b0 = row + 34 * j;
+            const __m512i q = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 2))),
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b0 + 36)), 1);
+            const __mmask64 neg = _mm512_movepi8_mask(q);
+            const __m512i uq = _mm512_abs_epi8(q);
+            const __m512 dw = halves(fp16(b0), fp16(b0 + 34));
+            for (int m = 0; m < NM; ++m) {
+                __m512i x = _mm512_loadu_si512(a[m].q + 32 * j);
+                x = _mm512_mask_sub_epi8(x, neg, _mm512_setzero_si512(), x);
+                const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), uq, x));
+                const __m512 dx = halves(a[m].d[j], a[m].d[j + 1]);
+                acc[m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), p, acc[m]);
+            }
+        }
+        float tail[NM] = {};
+        if (j < nb) {                                   // an odd last block
+            const Sub sub = load_sub<Q8_0>(row + 34 * j, 0);
+            const __m256i uq = _mm256_sign_epi8(sub.q, sub.q);
+            for (int m = 0; m < NM; ++m) {
+                __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[m].q + 32 * j));
+                x = _mm256_sign_epi8(x, sub.q);
+                const __m256 p = _mm256_cvtepi32_ps(dot_u8s8(uq, x));
+                tail[m] = hsum(_mm256_mul_ps(_mm256_mul_ps(sub.scale, _mm256_set1_ps(a[m].d[j])), p));
+            }
+        }
+        for (int m = 0; m < NM; ++m) out[m * ldo + n] = _mm512_reduce_add_ps(acc[m]) + tail[m];
+    }
+}
+#endif
+
 using RowsFn = void (*)(const uint8_t*, int64_t, int64_t, int64_t, const QAct*, float*, int64_t);
 struct DotFn {
     RowsFn by_rows[MT + 1];    // by the number of activation rows, 1..MT
@@ -210,6 +260,12 @@ DotFn make_dot() {
 }
 
 DotFn dot_fn(int t) {
+#ifdef MIMO_ISA_VNNI
+    if (t == Q8_0)
+        return DotFn{{nullptr, dot_rows_q8_0_512<1>, dot_rows_q8_0_512<2>, dot_rows_q8_0_512<3>,
+                      dot_rows_q8_0_512<4>, dot_rows_q8_0_512<5>, dot_rows_q8_0_512<6>,
+                      dot_rows_q8_0_512<7>, dot_rows_q8_0_512<8>}};
+#endif
     switch (t) {
         case Q4_0: return make_dot<Q4_0>(); case Q4_1: return make_dot<Q4_1>();
         case Q5_0: return make_dot<Q5_0>(); case Q5_1: return make_dot<Q5_1>();
