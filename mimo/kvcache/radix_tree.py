@@ -29,7 +29,12 @@ SWA priorities (the SWA LRU order): a window's time is its last use as a match e
 kinds start handicapped by SPECULATIVE, so they only hold SWA room nothing else wants
 until a match ends at them: windows kept only by the policy's dense grid, and a leaf's
 tail window once a longer request extends that path (the conversation moved on: later
-turns match the new end; the old one is only a fallback for forks).
+turns match the new end; the old one is only a fallback for forks). Not while the request
+that wrote it is still running: the windows its prefill chunks leave at each chunk end
+(where its syncs ended) keep their write time until it ends, and only then are those that
+are none of its checkpoints demoted. Demoted at once, a long prompt's own later chunks
+evicted its earlier windows before windows idle for much longer (a prompt forking from it
+right after it found nothing, whenever the SWA pool was short: float32 halves its pages).
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
 holding every layer, every cached prefix reusable) and 'off' (no caching).
@@ -309,6 +314,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         q_end = self.policy.cache_len(len(toks), P, prompt_len) // P
         cps_branch = m if branch_len is None else branch_len
         cps = self.checkpoints(len(toks), prompt_len, cps_branch)
+        running = not revive        # a sync: the request goes on computing this path
         if self.hybrid:
             keep = (set(range(q_end)) if self.policy.keep_all
                     else self.policy.keep_pages(cps, self.W, P))
@@ -326,6 +332,11 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         for nd, k in path:                  # the part already cached: maybe revive SWA
             nd.time = now
             self._push_leaf(nd)
+            if (self.hybrid and not running and nd.start >= cps_branch and nd.swa
+                    and not any(base + i in firm for i in range(k))):
+                # Its own chunk-end window (see SWA priorities), none of its checkpoints.
+                nd.swa_time = min(nd.swa_time, now - SPECULATIVE)
+                self._push_swa(nd)
             for i in range(k):
                 g = base + i
                 s = swa_pages[g]
@@ -349,11 +360,13 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
             if path:
                 last, k = path[-1]
                 parent = self._split(last, k) if k < len(last.full) else last
-                if parent is last and not last.children and self.hybrid:
+                if (parent is last and not last.children and self.hybrid
+                        and not (running and last.end > cps_branch)):
                     # A conversation continued past its cached end: later turns will match
                     # the new end; the old window is only a fallback for forks now. Unless
                     # that end is this sequence's own prompt end (a running request that
-                    # inserted its prompt now adds its output): then it is firm.
+                    # inserted its prompt now adds its output): then it is firm. (A running
+                    # request's own earlier chunk end is not here: it keeps its time.)
                     own_prompt = (self.policy.prompt and prompt_len is not None
                                   and last.end in self.policy.prompt_points(prompt_len, P))
                     last.swa_time = now if own_prompt else now - SPECULATIVE

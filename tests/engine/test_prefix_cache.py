@@ -150,12 +150,14 @@ def test_match_is_cut_back_when_interior_swa_was_evicted(loaded, rebuild):
     prefix = ids(1200, 3)
     a = prefix + ids(30, 4)
     b = prefix[:1100] + ids(50, 5)
-    fillers = [ids(300, 100 + i) for i in range(6)]
+    fillers = [ids(300, 100 + i) for i in range(3)]
     ref, rec = LogitRecorder(), LogitRecorder()
     want = run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [a, *fillers, b])
     want_b_logits = ref.take()[-GREEDY.max_tokens:]
     # A small SWA pool: the fillers' windows push a's retained SWA out while its full KV
-    # (a roomy full pool) stays.
+    # (a roomy full pool) stays. (Not too many fillers: the windows a running filler's own
+    # chunks leave keep their time while it runs, so a long enough run of them would drop
+    # a's leaf, the oldest, and with it a's full KV.)
     llm = make(loaded, kv_cache_memory="6MiB", swa_share=0.07, max_num_batched_tokens=64,
                window_rebuild=rebuild, parts=EngineParts(decode=rec))
     tree = llm.engine.cache.tree
