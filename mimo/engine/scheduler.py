@@ -33,8 +33,7 @@ share beyond what the waiting one has cached (`_shares_work`); it is admitted on
 is in the prefix cache. Shared tokens are computed once, and what a request reuses is what
 its worker holds or is computing (what the router's prediction credits: mimo/router).
 
-A step that raises fails only the requests it touched (`touched`, `fail`): their pages are
-freed, none of their KV is cached, and the next step goes on (LLMEngine.step).
+A step that raises fails only the requests it touched (`touched`, `fail`; none of their KV cached).
 
 Speculative decoding (`num_draft` > 0): a decoding request's chunk is its last token plus up
 to `num_draft` draft tokens, all verified in the step, cut so that every token a step can

@@ -29,17 +29,13 @@ SWA priorities (the SWA LRU order): a window's time is its last use as a match e
 kinds start handicapped by SPECULATIVE, so they only hold SWA room nothing else wants
 until a match ends at them: windows kept only by the policy's dense grid, and a leaf's
 tail window once a longer request extends that path (the conversation moved on: later
-turns match the new end; the old one is only a fallback for forks). Not while the request
-that wrote it is still running: the windows its prefill chunks leave at each chunk end
-(where its syncs ended) keep their write time until it ends, and only then are those that
-are none of its checkpoints demoted. Demoted at once, a long prompt's own later chunks
-evicted its earlier windows before windows idle for much longer (a prompt forking from it
-right after it found nothing, whenever the SWA pool was short: float32 halves its pages).
+turns match the new end; the old one is only a fallback for forks). But the windows a
+running request's prefill chunks leave keep their write time until it ends (then those
+not its checkpoints are demoted): else its later chunks evict them before idle windows.
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
 holding every layer, every cached prefix reusable) and 'off' (no caching).
-Locks live in `radix_lock.py`; eviction, trimming and the integrity check in
-`radix_evict.py`; nodes and the structural helpers in `radix_node.py`.
+Locks: `radix_lock.py`; eviction, trimming, integrity check: `radix_evict.py`; nodes: `radix_node.py`.
 """
 from __future__ import annotations
 
@@ -365,8 +361,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
                     # A conversation continued past its cached end: later turns will match
                     # the new end; the old window is only a fallback for forks now. Unless
                     # that end is this sequence's own prompt end (a running request that
-                    # inserted its prompt now adds its output): then it is firm. (A running
-                    # request's own earlier chunk end is not here: it keeps its time.)
+                    # inserted its prompt now adds its output): then it is firm.
                     own_prompt = (self.policy.prompt and prompt_len is not None
                                   and last.end in self.policy.prompt_points(prompt_len, P))
                     last.swa_time = now if own_prompt else now - SPECULATIVE
