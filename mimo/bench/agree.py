@@ -56,8 +56,7 @@ def prompts() -> list[str]:
 def _llama_greedy(port: int, ids: list[int], steps: int) -> tuple[list[int], list[float]]:
     import httpx
     r = httpx.post(f"http://127.0.0.1:{port}/completion", timeout=600, json={
-        "prompt": ids, "n_predict": steps, "temperature": 0, "n_probs": 2, "cache_prompt": False,
-        "ignore_eos": True})
+        "prompt": ids, "n_predict": steps, "temperature": 0, "n_probs": 2, "cache_prompt": False})
     r.raise_for_status()
     toks, margins = [], []
     for step in r.json()["completion_probabilities"]:
@@ -80,7 +79,9 @@ def run(args) -> int:
     opts = dict(kv.split("=", 1) for kv in args.mimo_args.split(",") if kv)
     llm = LLM("gemma-3-270m", progress=False, **opts)
     ids = [llm.tokenizer.encode(p) for p in prompts()]
-    params = SamplingParams(temperature=0, max_tokens=args.steps, ignore_eos=True)
+    # Both stop at end of sequence: llama-server's ignore_eos bans the token (a logit bias),
+    # which mimo's does not, so neither side is asked to go past it.
+    params = SamplingParams(temperature=0, max_tokens=args.steps)
     ours = [o.token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], params)]
     port = int(spec.env["PORT"])
     server = RunningServer(spec, Path(tempfile.mkdtemp()) / "llama-server.log")
@@ -97,7 +98,8 @@ def run(args) -> int:
             time.sleep(0.5)
         for i, (pid, mine) in enumerate(zip(ids, ours)):
             theirs, margins = _llama_greedy(port, pid, args.steps)
-            n = next((k for k, m in enumerate(margins) if m < args.margin), args.steps)
+            n = next((k for k, m in enumerate(margins) if m < args.margin), len(margins))
+            n = min(n, len(mine))
             rows.append({"prompt": i, "prompt_tokens": len(pid), "compared": n,
                          "agree": mine[:n] == theirs[:n], "mimo": mine, "llama": theirs,
                          "min_margin": round(min(margins), 4)})

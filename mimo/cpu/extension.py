@@ -58,6 +58,7 @@ def load(isa: str | None = None) -> ModuleType | None:
         build = cache_dir(isa)
         build.mkdir(parents=True, exist_ok=True)
         name = f"mimo_qkernels_{isa.replace('-', '_')}"
+        _clear_stale_lock(build)
         cached = (build / f"{name}.so").exists()
         t0 = time.perf_counter()
         try:
@@ -73,6 +74,22 @@ def load(isa: str | None = None) -> ModuleType | None:
         log.info("CPU kernels: %s build %s", isa,
                  "loaded from the cache" if cached else f"compiled in {last_build_s:.1f} s")
         return mod
+
+
+STALE_LOCK_S = 900
+
+
+def _clear_stale_lock(build: Path) -> None:
+    """torch's builder waits on a `lock` file for as long as it exists; a build killed
+    mid-way leaves it behind and every later start would hang. A build takes well under
+    STALE_LOCK_S (about a minute here), so an older lock is a dead build's."""
+    lock = build / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            log.warning("removing a stale kernel build lock %s", lock)
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 _warned: set[str] = set()

@@ -83,3 +83,16 @@ def test_engine_reports_the_kernels_in_use(caplog, tiny_gemma3):
     assert w.format == "q8_0" and w.kernels in ISAS
     line = next(r.getMessage() for r in caplog.records if "decode weights" in r.getMessage())
     assert cpu_info().model in line and w.kernels in line and "q8_0" in line
+
+
+def test_a_dead_builds_lock_is_cleared(tmp_path):
+    """A build killed mid-way leaves torch's `lock` file; an old one is removed (else every
+    later start waits on it forever), a fresh one (a build in progress) is kept."""
+    lock = tmp_path / "lock"
+    lock.touch()
+    extension._clear_stale_lock(tmp_path)
+    assert lock.exists()
+    old = lock.stat().st_mtime - extension.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    extension._clear_stale_lock(tmp_path)
+    assert not lock.exists()
