@@ -23,9 +23,30 @@ from .conftest import (
 )
 
 
+def _settled(routers, body, timeout: float = 10.0):
+    """Every router's decision for `body` once the shared state has settled: two reads
+    0.05 s apart that agree with each other, router by router. What a decision reads
+    changes for a moment after each response (the worker publishes its tree and load
+    asynchronously, the serving router decrements its in-flight count and leaves a
+    continuation mark asynchronously), and replicas that read on either side of such a
+    write disagree through no fault of the shared state. Returns (decisions, settled)."""
+    until = time.time() + timeout
+    prev = [decide(rt, body) for rt in routers]
+    while True:
+        time.sleep(0.05)
+        ds = [decide(rt, body) for rt in routers]
+        key = [(d["worker"], d["predicted_cached_tokens"]) for d in ds]
+        if key == [(d["worker"], d["predicted_cached_tokens"]) for d in prev]:
+            return ds, True
+        if time.time() > until:
+            return ds, False
+        prev = ds
+
+
 def _replay(routers, model, sessions: int, turns: int):
-    """Sessions in turn order, one request at a time: every router decides each request,
-    the request goes through them in rotation. Returns (agreements, decisions, log)."""
+    """Sessions in turn order, one request at a time: every router decides each request
+    once the state has settled, the request goes through them in rotation and must land
+    where they decided. Returns (agreements, decisions, log, conversations)."""
     agree = total = 0
     convs = [[{"role": "system", "content": f"replica system {i % 2} " * 25}]
              for i in range(sessions)]
@@ -35,14 +56,15 @@ def _replay(routers, model, sessions: int, turns: int):
         for i, msgs in enumerate(convs):
             msgs.append({"role": "user", "content": f"session {i} turn {t} " * 3})
             body = {"model": model, "messages": msgs, "max_tokens": 4}
-            ds = [decide(rt, body) for rt in routers]
-            agree += all(d["worker"] == ds[0]["worker"] for d in ds)
+            ds, settled = _settled(routers, body)
+            agree += settled and all(d["worker"] == ds[0]["worker"] for d in ds)
             total += 1
-            resp, w = chat_raw(routers[k % len(routers)], model, msgs, max_tokens=4)
+            served_by = k % len(routers)
+            resp, w = chat_raw(routers[served_by], model, msgs, max_tokens=4)
             k += 1
-            served_by = (k - 1) % len(routers)
-            assert w == ds[0]["worker"], ("turn", t, "session", i, "router", served_by, ds)
-            log.append((i, t, w, ds[0]["predicted_cached_tokens"],
+            assert w == ds[served_by]["worker"], ("turn", t, "session", i, "router",
+                                                  served_by, ds)
+            log.append((i, t, w, ds[served_by]["predicted_cached_tokens"],
                         resp.usage.prompt_tokens_details.cached_tokens))
             msgs.append({"role": "assistant", "content": resp.choices[0].message.content})
     return agree, total, log, convs
