@@ -30,8 +30,6 @@ _FLAGS = {
 }
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
-# Seconds the last build took (0.0: loaded from the cache), for start-up reports.
-last_build_s: float | None = None
 
 
 def cache_dir(isa: str) -> Path:
@@ -46,7 +44,6 @@ def cache_dir(isa: str) -> Path:
 def load(isa: str | None = None) -> ModuleType | None:
     """The kernels for `isa` (default: the chosen one), building them on first use; None
     (and one log line) when they cannot be had."""
-    global last_build_s
     isa = isa if isa is not None else chosen_isa()
     if isa is None:
         return _fail("none", "no supported instruction set (AVX2+FMA+F16C at least), or "
@@ -69,10 +66,9 @@ def load(isa: str | None = None) -> ModuleType | None:
         except Exception as e:       # a missing compiler shows as several exception types
             _loaded[isa] = None
             return _fail(isa, f"build failed ({type(e).__name__}: {str(e).strip()[:200]})")
-        last_build_s = 0.0 if cached else time.perf_counter() - t0
         _loaded[isa] = mod
-        log.info("CPU kernels: %s build %s", isa,
-                 "loaded from the cache" if cached else f"compiled in {last_build_s:.1f} s")
+        log.info("CPU kernels: %s build %s", isa, "loaded from the cache" if cached
+                 else f"compiled in {time.perf_counter() - t0:.1f} s")
         return mod
 
 

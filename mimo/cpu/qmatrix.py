@@ -72,11 +72,6 @@ class QuantMatrix:
     def nbytes(self) -> int:
         return sum(p.data.numel() for p in self.parts)
 
-    @property
-    def kernel(self) -> str:
-        ext = extension.load()
-        return ext.isa() if ext is not None else "torch"
-
     def dense(self) -> torch.Tensor:
         if self._dense is None:
             self._dense = torch.cat([p.dequantize() for p in self.parts])
