@@ -496,11 +496,11 @@ class ServerConfig:
     # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
     # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
     encoder_workers: int = 1
-    # ---- API (issue 19)
+    # ---- API
     body_read_timeout: float = 30.0          # seconds to receive a whole body (else 408)
     metrics_public: bool = False             # /metrics without the API key
     default_max_tokens: int | None = None    # max_tokens when a request sends none (None: the rest)
-    # ---- router (issue 17): publish cache state and load for `python -m mimo.router`
+    # ---- router: publish cache state and load for `python -m mimo.router`
     router_redis: str | None = None          # redis://... or redis-cluster://...; None: off
     advertise_url: str | None = None         # this server as routers reach it (default: host:port)
     router_heartbeat: float = 0.5            # seconds between heartbeats (TTL: 6 of them)

@@ -197,7 +197,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         "and keeping its own --embed-cache-bytes cache, media routed to them "
                         "by consistent hashing of their content")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    # ---- API (issue 19)
+    # ---- API
     g.add_argument("--body-read-timeout", type=float, default=30.0, metavar="S",
                    help="seconds a client has to send its whole request body (HTTP 408 after)")
     g.add_argument("--metrics-public", action="store_true",
@@ -232,11 +232,11 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight,
                         max_queued=a.max_queued, embed_cache_bytes=a.embed_cache_bytes,
                         encoder_workers=a.encoder_workers,
-                        # ---- API (issue 19)
+                        # ---- API
                         body_read_timeout=a.body_read_timeout,
                         metrics_public=a.metrics_public,
                         default_max_tokens=a.default_max_tokens,
-                        # ---- router (issue 17)
+                        # ---- router
                         router_redis=a.router_redis, advertise_url=a.advertise_url,
                         router_heartbeat=a.router_heartbeat,
                         responses_store=a.responses_store, responses_ttl=a.responses_ttl)

@@ -63,7 +63,7 @@ class Server:
         ).hexdigest()[:12]
         self.responder = Responder(self)
         self.responses = ResponsesAPI(self, open_store(cfg.responses_store, cfg.responses_ttl))
-        self.publisher = None       # cache state for the router (issue 17)
+        self.publisher = None       # cache state for the router
         if cfg.router_redis:
             from ..engine.cache_publisher import CachePublisher
             self.publisher = CachePublisher(eng, cfg.router_redis, cfg.advertise_url or

@@ -1,7 +1,7 @@
 """OpenAI request bodies -> validated `GenerationSpec`. Every field mimo knows is honoured or
 rejected with a 400 naming it (`param`): a field of the other endpoint (chat's `tools` sent
 to /v1/completions, completions' `echo` sent to chat) is such a 400, never ignored. A field
-mimo does not know at all is ignored and logged (issue 19: routers and SDKs add their own;
+mimo does not know at all is ignored and logged (routers and SDKs add their own;
 OpenAI itself would answer 400). Type and range checks follow OpenAI's reference."""
 from __future__ import annotations
 

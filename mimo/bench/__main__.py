@@ -24,8 +24,8 @@ COMMANDS = [
     ".tiers",            # tiers: TTFT and bytes moved per KV tier (L2, disk, Redis)
     ".soak",             # soak: mixed requests, disconnects, timeouts on one server; nothing stuck or leaked
     ".structured",       # structured: decode tokens/s with a JSON-schema grammar vs without
-    ".route",            # route: cache-aware router vs round-robin on 4 workers (issue 17)
-    ".peers",            # peers: mimo vs vLLM CPU vs llama-server, as machine-limit fractions (issue 18)
+    ".route",            # route: cache-aware router vs round-robin on 4 workers
+    ".peers",            # peers: mimo vs vLLM CPU vs llama-server, as machine-limit fractions
     ".agree",           # agree: greedy tokens, mimo vs llama-server on the same GGUF (margin rule)
     ".kernels",          # kernels: the CPU kernels (GGUF blocks) against the memory read rate
     ".flash_shape",      # flash-shape: mimo vs transformers on a scaled MiMo-V2-Flash, decode and prefill

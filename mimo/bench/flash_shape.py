@@ -1,5 +1,5 @@
 """flash-shape: mimo's engine against transformers' MiMoV2FlashForCausalLM on a MiMo-V2-Flash
-scaled to fit this machine (random weights, MoE included), decode and prefill (issue 18).
+scaled to fit this machine (random weights, MoE included), decode and prefill.
 
 The shape keeps the real model's per-layer structure and scales its widths: the first layers
 of its hybrid pattern (full attention on layers 0, 5, 11, ..., SWA with a 128-token window and
@@ -39,7 +39,7 @@ QUICK = dict(hidden=256, layers=4, heads=4, kv_heads=1, experts=8, top_k=2,
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(NAME, help="mimo vs transformers on a scaled MiMo-V2-Flash (issue 18)",
+    p = subparsers.add_parser(NAME, help="mimo vs transformers on a scaled MiMo-V2-Flash",
                               description=__doc__.split("\n\n")[0])
     for k, v in SHAPE.items():
         p.add_argument("--" + k.replace("_", "-"), type=int, default=None,

@@ -18,7 +18,7 @@ Counted (each a lower bound, so a measured rate over the bound it implies is a f
   keys x kv_heads x (qk_dim + v_dim) x `kv_bytes`.
 
 `weight_bytes` is the reference format of the bound, not what a server stores: 1.0 (int8, the
-format issue 18 sizes its 250 tok/s bound on) unless asked. A server that reads fewer bytes
+format a 250 tok/s bound is sized on) unless asked. A server that reads fewer bytes
 per weight (llama.cpp's Q4_K_M) can then show a memory fraction above what it really uses.
 
 A roofline time is max(bytes / bandwidth, FLOPs / matmul rate): whichever limit binds. A

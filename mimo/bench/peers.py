@@ -1,5 +1,5 @@
 """peers: mimo against vLLM's CPU build and llama.cpp's llama-server on the same model
-(Gemma 3 270M), the same requests, one server at a time, in one run (issue 18).
+(Gemma 3 270M), the same requests, one server at a time, in one run.
 
 Each installed peer (set up by the peers scripts under --peers-dir; one that is not is
 reported "not installed" with the paths looked for), then mimo (server.py at its defaults
@@ -42,7 +42,7 @@ SIZES = ("prompt_tokens", "max_tokens", "single_runs", "concurrency", "long_toke
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    p = subparsers.add_parser(NAME, help="mimo vs vLLM CPU vs llama-server on one model (issue 18)",
+    p = subparsers.add_parser(NAME, help="mimo vs vLLM CPU vs llama-server on one model",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--peers", default="vllm,llama-server",
                    help="comma-separated subset of vllm,llama-server, or none (mimo alone)")
@@ -59,7 +59,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--vllm-args", default="", help="extra flags for `vllm serve` (one string)")
     p.add_argument("--llama-args", default="",
                    help="extra flags for llama-server (one string; e.g. --llama-args=-nr "
-                        "where its AMX kernels die of SIGILL, see README)")
+                        "where its AMX kernels die of SIGILL, see docs/speed.md)")
     p.add_argument("--model", default=DEFAULT_MODEL,
                    help="the model mimo serves and the costs are computed for; another than "
                         f"{DEFAULT_MODEL} only when no peer is installed or with --peers none "

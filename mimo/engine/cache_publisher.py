@@ -1,4 +1,4 @@
-"""A worker's side of the cache-aware router (issue 17): its cache state and load, in Redis.
+"""A worker's side of the cache-aware router: its cache state and load, in Redis.
 
 On the server's event loop, the publisher
 - registers the worker (its advertised URL) in the routing set and starts a new

@@ -1,4 +1,4 @@
-"""What a worker's prefix tree holds, as page keys, for the cache-aware router (issue 17).
+"""What a worker's prefix tree holds, as page keys, for the cache-aware router.
 
 `TreeMirror` listens to the radix tree (`RadixTree.listeners`) and keeps two sets of the
 tiers' chained page keys (tiers/keys.py): pages whose full KV the tree holds, and pages whose
@@ -12,7 +12,7 @@ Changes are coalesced in `delta` (key -> present or not) until the publisher dra
 (engine/cache_publisher.py); `snapshot` gives the whole state for a resync after Redis was
 away. Listener calls come from the engine thread, drains from the event loop: one lock.
 
-`TierMirror` does the same for the tiers below (issue 17's partial credit): the keys of the
+`TierMirror` does the same for the tiers below (partial credit): the keys of the
 worker's host tier (L2), exact (`HostStore.on_change`), and what the worker learned of the
 shared store (L3): names it stored or found there, and names it found missing
 (`StorageTier.on_seen`). A store evicts by its own policy (Redis's LRU, a disk cap) without

@@ -1,4 +1,4 @@
-"""Cache-aware router (issue 17): `python -m mimo.router --worker URL ... [--redis URL]`.
+"""Cache-aware router: `python -m mimo.router --worker URL ... [--redis URL]`.
 
 Workers (`server.py --router-redis URL`) publish the page keys their prefix trees and tiers
 hold and their load (engine/cache_publisher.py); the router tokenizes each request itself
