@@ -196,6 +196,10 @@ class ModelConfig:
         return _from_dict(cls, data)
 
 
+# The prefix cache's SWA retention policies (kvcache/retention.py: POLICIES, same keys).
+RETENTION_POLICIES = ("hybrid", "hybrid-output", "prompt-only", "keep-all")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """KV cache sizing. `kv_cache_memory` is a byte budget shared by both pools;
@@ -221,9 +225,8 @@ class CacheConfig:
             raise ConfigError("swa_share must be in (0, 1)")
         if self.layout not in ("hybrid", "full-kv"):
             raise ConfigError("layout must be 'hybrid' or 'full-kv'")
-        from .kvcache.retention import POLICIES
-        if self.retention not in POLICIES:
-            raise ConfigError(f"retention must be one of {', '.join(POLICIES)}")
+        if self.retention not in RETENTION_POLICIES:
+            raise ConfigError(f"retention must be one of {', '.join(RETENTION_POLICIES)}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CacheConfig:
@@ -274,6 +277,8 @@ class SchedulerConfig:
 
 
 QUANTIZE = ("auto", "none", "int8", "gguf", "q8_0")
+# Names only (configs are data): gpu/backends.py and kvcache/retention.py hold what they mean.
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu", "flashinfer")
 
 
 def _auto_dtype(device: str) -> str:
@@ -338,9 +343,8 @@ class RuntimeConfig:
                               "(quantize int8, or auto on CPU bfloat16)")
         if self.compile not in ("auto", "on", "off"):
             raise ConfigError(f"compile must be auto, on or off, not {self.compile!r}")
-        from .gpu.backends import BACKENDS
-        if self.attention_backend not in BACKENDS:
-            raise ConfigError(f"attention_backend must be one of {', '.join(BACKENDS)}, "
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"attention_backend must be one of {', '.join(ATTENTION_BACKENDS)}, "
                               f"not {self.attention_backend!r}")
         if self.decode_graphs not in ("auto", "on", "off"):
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")

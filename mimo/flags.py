@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import QUANTIZE, ConfigError, ServerConfig
-from .gpu.backends import BACKENDS
+from .config import ATTENTION_BACKENDS, QUANTIZE, ConfigError, ServerConfig
 
 
 def _cpu_line() -> str:
@@ -48,7 +47,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="torch.compile the layers for prefill-sized steps (auto: off, "
                         "measured slower than eager on CPU; default: $MIMO_COMPILE, else auto)")
     g.add_argument("--attention-backend", default="auto",
-                   choices=list(BACKENDS),
+                   choices=list(ATTENTION_BACKENDS),
                    help="attention kernels: torch (gather + SDPA, any device), triton (paged "
                         "kernels, CUDA), cpu (torch with decode steps on mimo's C++ kernel), "
                         "flashinfer (refused: not built in yet); auto: triton on a CUDA device "

@@ -21,7 +21,8 @@ from .config import (
     TierConfig,
     parse_size,
 )
-from .engine.engine import LLMEngine, RequestError
+from .engine.engine import LLMEngine
+from .engine.errors import RequestError
 from .engine.parts import EngineParts
 from .engine.sampling_params import SamplingParams
 from .engine.sequence import TokenLogprob

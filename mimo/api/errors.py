@@ -15,7 +15,7 @@ import re
 
 from starlette.responses import JSONResponse
 
-from ..engine.engine import EngineStopped, RequestError
+from ..engine.errors import EngineStopped, RequestError
 from ..models.chat_template import ChatTemplateError
 from ..multimodal.errors import MediaError
 from ..multimodal.placeholders import PlaceholderMismatch

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..kvcache.namespace import CacheScope
-from .engine import EngineStopped, LLMEngine, StepFailed
+from .engine import LLMEngine
+from .errors import EngineStopped, StepFailed
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 

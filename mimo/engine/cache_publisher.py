@@ -30,26 +30,13 @@ from typing import Any
 
 from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA, KeyChain
+from ..redis_client import open_redis
 
 log = logging.getLogger("mimo.router.publish")
 
 _CHUNK = 2000       # members per SADD / SREM
 # The shared store's sets outlive any one worker (the store does); renewed by heartbeats.
 L3_TTL_MS = 3_600_000
-
-
-def open_redis(url: str):
-    """redis.asyncio client for redis://... or a cluster client for redis-cluster://H:P,..."""
-    if url.startswith("redis-cluster://"):
-        from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-        from ..kvcache.tiers.redis_cluster_store import parse_cluster_url
-        nodes, user, password = parse_cluster_url(url)
-        return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in nodes],
-                            username=user, password=password, socket_timeout=1.0,
-                            socket_connect_timeout=1.0)
-    import redis.asyncio as aredis
-    return aredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
 
 
 def engine_keys(engine) -> KeyChain:

@@ -16,6 +16,7 @@ from ..kvcache.layout import KVLayout, plan_pages
 from ..kvcache.namespace import CacheScope
 from ..models import registry
 from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
+from .errors import EngineBroken, RequestError, StepFailed
 from .graph_decode import BucketedDecode, resolve_decode_graphs
 from .parts import EngineParts
 from .runner import ModelRunner
@@ -28,26 +29,6 @@ from .weights import prepare_weights
 log = logging.getLogger("mimo.engine")
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class RequestError(ValueError):
-    """A request that can never be served as given (empty, too long, ...)."""
-
-
-class StepFailed(RuntimeError):
-    """An engine step raised; the requests it touched (`failed`) were finished with
-    reason 'error' and their KV freed. The engine goes on."""
-    def __init__(self, cause: BaseException, failed: list):
-        super().__init__(f"engine step failed: {cause!r}")
-        self.cause, self.failed = cause, failed
-
-
-class EngineBroken(RuntimeError):
-    """The pools or the prefix cache are inconsistent: the engine must stop."""
-
-
-class EngineStopped(RuntimeError):
-    """A request was submitted after the engine stopped (see `AsyncEngine.fatal`)."""
 
 
 class LLMEngine:

@@ -17,9 +17,10 @@ import os
 
 import torch
 
+from ..config import ATTENTION_BACKENDS
 from .attention import AttentionBackend, TorchAttention
 
-BACKENDS = ("auto", "torch", "triton", "cpu", "flashinfer")
+BACKENDS = ATTENTION_BACKENDS     # the config validates the names
 
 
 def _triton_importable() -> bool:

@@ -27,19 +27,52 @@ Because the window is a difference of positions, a kernel may apply causal + win
 range-relative positions; only the floor needs absolute ones, and only when
 `needs_floor_mask` (a floor that is not page aligned; RadixTree.match's never are).
 
-No import of engine or kvcache at run time: gpu sits below them (DESIGN.md section 2).
+No import of engine or kvcache: gpu sits below them (docs/architecture.md).
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from ..engine.scheduler import ScheduledChunk
-    from ..kvcache.dual_pool import DualPool
+
+# What this module reads of the scheduler's chunks and the KV pools: kernels know no
+# scheduler and no allocator (engine.ScheduledChunk, kvcache.SeqKV and DualPool fit these).
+class SeqKVView(Protocol):
+    @property
+    def full_pages(self) -> Sequence[int | None]: ...
+    @property
+    def swa_pages(self) -> Sequence[int | None]: ...
+    @property
+    def swa_floor(self) -> int: ...
+    @property
+    def full_cached_to(self) -> int: ...
+
+
+class _SeqView(Protocol):
+    @property
+    def kv(self) -> Any: ...            # a SeqKVView (None only before admission)
+
+
+class ChunkView(Protocol):
+    @property
+    def seq(self) -> _SeqView: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def n(self) -> int: ...
+    @property
+    def draft(self) -> list[int]: ...
+
+
+class PoolView(Protocol):
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def hybrid(self) -> bool: ...
+
 
 KINDS = ("full", "swa")
 
@@ -96,7 +129,7 @@ def _pages(kv, kind: str, hybrid: bool) -> list:
     return kv.swa_pages if kind == "swa" and hybrid else kv.full_pages
 
 
-def _kind_meta(kind: str, chunks, pool: DualPool, window: int | None, sinks: bool,
+def _kind_meta(kind: str, chunks, pool: PoolView, window: int | None, sinks: bool,
                split_verify: bool, device) -> PagedAttnMeta:
     P = pool.page_size
     qo, kvp, idx, last, kstart, qstart, floors, ech = [0], [0], [], [], [], [], [], []
@@ -152,7 +185,7 @@ def _kind_meta(kind: str, chunks, pool: DualPool, window: int | None, sinks: boo
         max_kv_len=max(q + n - k for q, n, k in zip(qstart, qo_len, kstart)))
 
 
-def build_paged_metadata(chunks: Iterable[ScheduledChunk], pool: DualPool,
+def build_paged_metadata(chunks: Iterable[ChunkView], pool: PoolView,
                          window: int | None, *, full_sinks: bool = False,
                          swa_sinks: bool = False, device: str | torch.device = "cpu",
                          split_verify: bool = True,

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..config import RETENTION_POLICIES
+
 
 def window_first_page(end: int, window: int, page: int) -> int:
     """First logical page whose SWA KV a query at position `end` needs: it sees keys
@@ -126,3 +128,5 @@ POLICIES = {
     # Every SWA page kept: window-safe everywhere, at SWA's full price.
     "keep-all": RetentionPolicy(keep_all=True),
 }
+# The config validates names without importing this module (configs are data).
+assert tuple(POLICIES) == RETENTION_POLICIES, "config.RETENTION_POLICIES is out of date"

@@ -22,9 +22,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from ..engine.cache_publisher import open_redis
 from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA
+from ..redis_client import open_redis
 
 # A router's in-flight counts outlive it by this much (a killed router's requests weigh on
 # their workers' load until then); renewed every health interval, so at least 3 of those.

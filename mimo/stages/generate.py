@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.sequence import TokenLogprob
+from ..engine.face import TokenLogprob
 from ..pipeline import InvalidRequest, Stage
 from .chat_request import ChatRequest
 

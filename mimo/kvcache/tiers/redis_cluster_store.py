@@ -16,37 +16,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from urllib.parse import unquote
 
 import redis.exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
+from ...redis_client import parse_cluster_url
 from .redis_store import Plan, RedisNode, RoutedRedisStore, no_retry_options
 
 log = logging.getLogger(__name__)
-
-
-def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
-    """(startup nodes, username, password) of redis-cluster://[[USER]:PASS@]H:P[,H:P...]."""
-    prefix = "redis-cluster://"
-    if not url.startswith(prefix):
-        raise ValueError(f"not a Redis Cluster URL: {url!r}")
-    rest = url[len(prefix):].split("/", 1)[0]
-    user = password = None
-    if "@" in rest:
-        cred, rest = rest.rsplit("@", 1)
-        user, _, password = cred.rpartition(":") if ":" in cred else ("", "", cred)
-        user, password = unquote(user) or None, unquote(password) or None
-    nodes = []
-    for hp in rest.split(","):
-        host, sep, port = hp.strip().rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"{url!r}: {hp!r} is not HOST:PORT "
-                             "(redis-cluster://HOST:PORT[,HOST:PORT...])")
-        nodes.append((host, int(port)))
-    return nodes, user, password
 
 
 class RedisClusterStore(RoutedRedisStore):
