@@ -511,6 +511,7 @@ class ServerConfig:
     # ---- /v1/responses: where finished responses are kept for previous_response_id
     responses_store: str | None = None       # None / memory://: this process; redis://...: shared
     responses_ttl: float = 86400.0           # seconds a stored response lives
+    web_ui: bool = True                      # the chat page at / (api/web_ui.py)
 
     def __post_init__(self):
         if not self.body_read_timeout > 0:

@@ -195,6 +195,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         "process); N > 1 starts N processes, each loading the vision tower "
                         "and keeping its own --embed-cache-bytes cache, media routed to them "
                         "by consistent hashing of their content")
+    g.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
+                   help="serve the chat page at / (streaming chat, model picker, image "
+                        "upload, stop button; its API calls send the key typed into it); "
+                        "--no-web-ui: / answers 404")
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     # ---- API
     g.add_argument("--body-read-timeout", type=float, default=30.0, metavar="S",
@@ -238,4 +242,5 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         # ---- router
                         router_redis=a.router_redis, advertise_url=a.advertise_url,
                         router_heartbeat=a.router_heartbeat,
-                        responses_store=a.responses_store, responses_ttl=a.responses_ttl)
+                        responses_store=a.responses_store, responses_ttl=a.responses_ttl,
+                        web_ui=a.web_ui)

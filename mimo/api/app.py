@@ -36,6 +36,7 @@ from .metrics import Metrics
 from .responder import ClientGone, Responder, Run, unless_disconnected
 from .responses import ResponsesAPI, open_store
 from .tokenize import detokenize, tokenize
+from .web_ui import web_ui_routes
 
 
 class Server:
@@ -234,5 +235,7 @@ def build_app(server: Server) -> Starlette:
         Route("/v1/responses/{response_id}/input_items", server.responses.input_items,
               methods=["GET"]),
     ]
+    if server.cfg.web_ui:
+        routes += web_ui_routes()
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={404: not_found, 405: method_not_allowed})
