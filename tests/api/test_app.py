@@ -4,7 +4,7 @@ import statistics
 import time
 
 import httpx
-from conftest import KEY_HEADER
+from helpers.api_server import KEY_HEADER
 
 from mimo import SamplingParams
 from mimo.models.chat_template import ChatTemplate

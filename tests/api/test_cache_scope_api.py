@@ -8,7 +8,7 @@ import uuid
 
 import httpx
 import pytest
-from conftest import API_KEY, KEY_HEADER
+from helpers.api_server import API_KEY, KEY_HEADER
 from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "gemma-3-270m"

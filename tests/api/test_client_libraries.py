@@ -8,7 +8,7 @@ import os
 
 import jsonschema
 import pytest
-from conftest import API_KEY
+from helpers.api_server import API_KEY
 from test_tools_api import ASK, SCHEMA, TOOLS, WEATHER
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no cost-map download

@@ -5,7 +5,7 @@ request is counted as aborted by its client (499), never as a 200."""
 import time
 
 import httpx
-from conftest import API_KEY, KEY_HEADER
+from helpers.api_server import API_KEY, KEY_HEADER
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

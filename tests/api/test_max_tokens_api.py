@@ -10,7 +10,7 @@ import sys
 
 import httpx
 import pytest
-from conftest import ROOT, ServerProcess
+from helpers.api_server import ROOT, ServerProcess
 
 CONTEXT = 80
 MODEL = "tiny"

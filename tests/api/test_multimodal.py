@@ -8,7 +8,7 @@ import re
 
 import httpx
 import pytest
-from conftest import KEY_HEADER
+from helpers.api_server import KEY_HEADER
 from helpers.media import loopback_server, media_path, send
 
 ASK = {"type": "text", "text": "What is in this picture?"}
@@ -173,7 +173,7 @@ def test_streamed_image_answer_equals_the_whole_one(vlm_client, model):
 
 def test_encoder_workers_answer_the_same_and_cache_per_worker(vlm_client, vlm_dir, media_dir,
                                                              model):
-    from conftest import _vlm_server
+    from helpers.api_server import vlm_server_process as _vlm_server
     from openai import OpenAI
     srv = _vlm_server(vlm_dir, media_dir, "--encoder-workers", "2")
     try:

@@ -8,7 +8,7 @@ import zlib
 
 import httpx
 import pytest
-from conftest import MAX_MEDIA_BYTES
+from helpers.api_server import MAX_MEDIA_BYTES
 from helpers.media import loopback_server, media_path, send
 
 

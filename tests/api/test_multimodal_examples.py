@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from helpers.api_server import ROOT
 from helpers.media import media_path
 
 RUNS = [("image_qa.py", "rocket.jpg"), ("video_qa.py", "nasa_13013.mp4")]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import KEY_HEADER
+from helpers.api_server import KEY_HEADER
 from test_bad_requests import AUTH, CHAT, COMP, Case, assert_openai_error, chat, comp, user
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -393,7 +393,7 @@ def test_metrics_with_the_key(h):
 
 @pytest.fixture(scope="module")
 def slow_body_server(tmp_path_factory):
-    from conftest import ServerProcess
+    from helpers.api_server import ServerProcess
 
     from mimo.models.tiny import gemma3
     d = tmp_path_factory.mktemp("tiny_gemma3")

@@ -14,7 +14,7 @@ import math
 import forced_mimo as fm
 import jsonschema
 import pytest
-from conftest import ServerProcess
+from helpers.api_server import ServerProcess
 
 MODEL = "tiny"
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},

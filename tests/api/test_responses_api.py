@@ -14,7 +14,7 @@ import json
 import httpx
 import jsonschema
 import pytest
-from conftest import API_KEY
+from helpers.api_server import API_KEY
 
 MODEL = "gemma-3-270m"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

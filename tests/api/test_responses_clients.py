@@ -10,7 +10,7 @@ import json
 import os
 
 import jsonschema
-from conftest import API_KEY
+from helpers.api_server import API_KEY
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no cost-map download
 os.environ.setdefault("LITELLM_TELEMETRY", "False")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import API_KEY
+from helpers.api_server import API_KEY
 
 MODEL = "gemma-3-270m"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}

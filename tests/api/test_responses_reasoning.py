@@ -12,7 +12,7 @@ import json
 import forced_mimo as fm
 import httpx
 import pytest
-from conftest import ServerProcess
+from helpers.api_server import ServerProcess
 from test_reasoning_api import WANT
 
 MODEL = "tiny"

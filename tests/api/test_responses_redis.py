@@ -10,7 +10,7 @@ import signal
 
 import httpx
 import pytest
-from conftest import ServerProcess
+from helpers.api_server import ServerProcess
 from helpers.redis_servers import RedisServer
 
 MODEL = "gemma-3-270m"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import KEY_HEADER
+from helpers.api_server import KEY_HEADER
 from test_bad_requests import ANY, Case, assert_openai_error
 
 MSGS = [{"role": "user", "content": "Hi there"}]

@@ -90,7 +90,7 @@ def raw_continuation(server, messages, max_tokens: int, **tool_fields) -> tuple[
     """The reference of a chat answer: its prompt as /tokenize renders it, continued by a
     plain completion (no parser): (text, finish_reason)."""
     import httpx
-    from conftest import KEY_HEADER
+    from helpers.api_server import KEY_HEADER
     ids = httpx.post(server.url + "/tokenize", headers=KEY_HEADER, timeout=60,
                      json={"messages": messages, **tool_fields}).json()["tokens"]
     r = httpx.post(server.url + "/v1/completions", headers=KEY_HEADER, timeout=120, json={
@@ -114,7 +114,7 @@ def test_tool_choice_none_and_auto_answer_with_text(client, server, choice):
 
 def test_multi_turn_with_tool_results(client, server):
     import httpx
-    from conftest import KEY_HEADER
+    from helpers.api_server import KEY_HEADER
     first = client.chat.completions.create(model=MODEL, messages=ASK, tools=TOOLS,
                                            tool_choice="required", max_tokens=120, temperature=0)
     call = first.choices[0].message.tool_calls[0]
@@ -180,7 +180,7 @@ def test_tokenize_renders_forced_tool_choices_as_generation(client, server):
     """/tokenize with tool_choice required or named (a 500 once): the prompt generation
     renders, whose length the forced generation reports."""
     import httpx
-    from conftest import KEY_HEADER
+    from helpers.api_server import KEY_HEADER
 
     def tokenize(**kw):
         r = httpx.post(server.url + "/tokenize", headers=KEY_HEADER, timeout=60,

@@ -28,7 +28,7 @@ def test_chunk_size_does_not_change_tokens(gemma_loaded, gemma_fp32, chunk):
     # 600 tokens: past the 512-token window, so chunks straddle the window edge too.
     ids = long_prompt_ids(gemma_fp32.tokenizer, 600)
     want = gemma_fp32.generate({"prompt_token_ids": ids}, GREEDY)[0].token_ids
-    llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, dtype="float32",
+    llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, dtype="float32", quantize="none",
               kv_cache_memory="128MiB", max_num_batched_tokens=chunk)
     got = llm.generate({"prompt_token_ids": ids}, GREEDY)[0].token_ids
     assert got == want

@@ -192,7 +192,7 @@ def test_default_model_copies_its_prompt_losslessly(gemma_loaded, gemma_fp32):
     prompt = {"prompt_token_ids": tok.encode(copy_prompts(1)[0])}
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want = gemma_fp32.generate(prompt, params)[0]
-    on = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, dtype="float32",
+    on = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, dtype="float32", quantize="none",
              kv_cache_memory="256MiB", speculative="ngram", num_draft_tokens=4)
     got = on.generate(prompt, params)[0]
     assert got.token_ids == want.token_ids

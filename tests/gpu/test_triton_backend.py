@@ -151,7 +151,7 @@ def test_triton_backend_flag_and_refusals():
 
     from mimo import LLM
     from mimo.flags import add_engine_flags, engine_opts
-    with pytest.raises(ValueError, match="one of auto, torch, triton, flashinfer"):
+    with pytest.raises(ValueError, match="one of auto, torch, triton, cpu, flashinfer"):
         resolve_backend("cudnn", "cpu")
     with pytest.raises(ConfigError, match="attention_backend"):
         RuntimeConfig(attention_backend="cudnn")
@@ -169,4 +169,4 @@ def test_triton_backend_flag_and_refusals():
         == "triton"
     with pytest.raises(SystemExit):
         p.parse_args(["--attention-backend", "cudnn"])
-    assert "--attention-backend {auto,torch,triton,flashinfer}" in p.format_help()
+    assert "--attention-backend {auto,torch,triton,cpu,flashinfer}" in p.format_help()
