@@ -32,37 +32,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
-import random
 import re
 import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass
 
 from .server_process import ServerProcess
+from .soak_client import OUTCOMES, drive
+from .soak_metrics import (
+    StallTracker,
+    _num,
+    count_fds,
+    count_threads,
+    metric_by,
+    metric_sum,
+    parse_metrics,
+)
+from .soak_workload import WORDS, Workload, build_requests, draw_cut
+
+__all__ = ["StallTracker", "Workload", "build_requests", "draw_cut", "metric_by", "metric_sum",
+           "parse_metrics"]
 
 NAME = "soak"
-OUTCOMES = ("completed", "error", "disconnected", "timed_out", "stuck", "failed")
-FINISH_REASONS = ("stop", "length")
-# Short common words: mostly one token each with their leading space.
-WORDS = ("the of and to in is it that was for on are as with his they at be this have from "
-         "or one had by word but not what all were we when your can said there use an each "
-         "which she do how their if will up other about out many then them these so some her "
-         "would make like him into time has look two more write go see number no way could "
-         "people my than first water been call who oil its now find long down day did get "
-         "come made may part over new sound take only little work know place year live me "
-         "back give most very after thing our just name good sentence man think say great "
-         "where help through much before line right too mean old any same tell boy follow "
-         "came want show also around form three small set put end does another well large "
-         "must big even such because turn here why ask went men read need land different "
-         "home us move try kind hand picture again change off play spell air away animal "
-         "house point page letter mother answer found study still learn should world").split()
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(NAME, help="mixed requests, disconnects and timeouts against one "
                               "server: nothing stuck, no stall, no leaked KV, fds or threads",
@@ -99,376 +92,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _log(msg: str) -> None:
     print(f"[{NAME}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---- workload (pure) --------------------------------------------------------------------
-@dataclass
-class Workload:
-    num_requests: int = 1000
-    prefixes: int = 4
-    max_prompt_tokens: int = 1500
-    max_tokens: int = 48
-    long_fraction: float = 0.05
-    long_max_tokens: int = 256
-    stream_fraction: float = 0.5
-    text_fraction: float = 0.25
-    disconnect_fraction: float = 0.3
-    timeout_fraction: float = 0.1
-    page_size: int = 16
-    seed: int = 0
-    vocab: tuple = (100, 20000)
-
-
-def make_prefixes(w: Workload, rng: random.Random) -> tuple[list[list[int]], list[list[str]]]:
-    """`w.prefixes` token-id prefixes and as many word prefixes, each max_prompt_tokens long."""
-    ids = [[rng.randrange(*w.vocab) for _ in range(w.max_prompt_tokens)] for _ in range(w.prefixes)]
-    words = [[rng.choice(WORDS) for _ in range(w.max_prompt_tokens)] for _ in range(w.prefixes)]
-    return ids, words
-
-
-def draw_cut(rng: random.Random, n: int, page: int) -> int:
-    """How much of an n-token prompt comes from its prefix: n minus a suffix of 0-48, half the
-    time snapped to a page boundary +-1 (where the cache's pages and windows are cut)."""
-    cut = n - rng.randint(0, min(n, 48))
-    if rng.random() < 0.5:
-        cut = round(cut / page) * page + rng.choice((-1, 0, 1))
-    return max(0, min(n, cut))
-
-
-def draw_request(w: Workload, rng: random.Random, ids_pre, word_pre, index: int = 0) -> dict:
-    """One request: {'prompt': ids or text, 'n': prompt length (words for text), 'max_tokens',
-    'stream', 'long', 'action': 'complete' | 'disconnect' | 'timeout', 'after_chunks',
-    'cancel_after_s'}."""
-    long = rng.random() < w.long_fraction
-    if long:
-        n = rng.randint(max(1, int(0.9 * w.max_prompt_tokens)), w.max_prompt_tokens)
-        max_tokens = rng.randint(min(w.max_tokens + 1, w.long_max_tokens), w.long_max_tokens)
-    else:
-        n = rng.randint(1, w.max_prompt_tokens)
-        max_tokens = rng.randint(1, w.max_tokens)
-    cut = draw_cut(rng, n, w.page_size)
-    k = rng.randrange(w.prefixes)
-    text = rng.random() < w.text_fraction
-    if text:
-        prompt = " ".join(word_pre[k][:cut] + [rng.choice(WORDS) for _ in range(n - cut)])
-    else:
-        prompt = ids_pre[k][:cut] + [rng.randrange(*w.vocab) for _ in range(n - cut)]
-    req = {"index": index, "prompt": prompt, "n": n, "prefix": k, "cut": cut, "text": text,
-           "max_tokens": max_tokens, "long": long, "stream": rng.random() < w.stream_fraction,
-           "action": "complete", "after_chunks": None, "cancel_after_s": None}
-    if req["stream"] and rng.random() < w.disconnect_fraction:
-        req["action"] = "disconnect"
-        if rng.random() < 0.25:         # before the first token: the server has not answered
-            req["after_chunks"], req["cancel_after_s"] = 0, round(rng.uniform(0.0, 0.5), 3)
-        else:
-            req["after_chunks"] = rng.randint(1, max(1, max_tokens - 1))
-    elif not req["stream"] and rng.random() < w.timeout_fraction:
-        req["action"], req["cancel_after_s"] = "timeout", round(rng.uniform(0.2, 1.0), 3)
-    return req
-
-
-def build_requests(w: Workload) -> list[dict]:
-    rng = random.Random(w.seed)
-    ids_pre, word_pre = make_prefixes(w, rng)
-    return [draw_request(w, rng, ids_pre, word_pre, i) for i in range(w.num_requests)]
-
-
-# ---- metrics (pure) ---------------------------------------------------------------------
-def parse_metrics(text: str) -> dict[str, list[tuple[dict, float]]]:
-    """Prometheus text format -> {sample name: [(labels, value), ...]}."""
-    out: dict[str, list[tuple[dict, float]]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        labels: dict[str, str] = {}
-        if "{" in line:
-            name, rest = line.split("{", 1)
-            body, _, tail = rest.rpartition("}")
-            i = 0
-            while i < len(body):
-                eq = body.index("=", i)
-                key = body[i:eq].strip().lstrip(",").strip()
-                j, val = eq + 2, []         # skip ="
-                while body[j] != '"':
-                    if body[j] == "\\" and j + 1 < len(body):
-                        j += 1
-                        val.append({"n": "\n"}.get(body[j], body[j]))
-                    else:
-                        val.append(body[j])
-                    j += 1
-                labels[key] = "".join(val)
-                i = j + 1
-            value = tail.split()[0]
-        else:
-            parts = line.split()
-            if len(parts) < 2:
-                continue
-            name, value = parts[0], parts[1]
-        try:
-            out.setdefault(name.strip(), []).append((labels, float(value)))
-        except ValueError:
-            continue
-    return out
-
-
-def metric_sum(m: dict, name: str, **match) -> float | None:
-    """Sum of a metric's samples whose labels include `match`; None when it is absent."""
-    if name not in m:
-        return None
-    return sum(v for labels, v in m[name] if all(labels.get(k) == x for k, x in match.items()))
-
-
-def metric_by(m: dict, name: str, label: str, **match) -> dict[str, float] | None:
-    if name not in m:
-        return None
-    out: dict[str, float] = {}
-    for labels, v in m[name]:
-        if all(labels.get(k) == x for k, x in match.items()):
-            key = labels.get(label, "")
-            out[key] = out.get(key, 0.0) + v
-    return out
-
-
-def _num(x: float | None):
-    return None if x is None else (int(x) if float(x).is_integer() else round(x, 3))
-
-
-class StallTracker:
-    """Longest interval in which the step counter did not move while the engine had work.
-    An interval starts at the last observation where the counter changed (or the engine
-    went from idle to busy) and grows with every busy observation of the same count."""
-
-    def __init__(self):
-        self.steps = None
-        self.since = None          # start of the current no-progress busy interval
-        self.max_stall = 0.0
-
-    def observe(self, now: float, steps: float, busy: bool) -> None:
-        if self.steps is None or steps != self.steps or not busy:
-            self.steps, self.since = steps, (now if busy else None)
-            return
-        if self.since is None:
-            self.since = now
-        self.max_stall = max(self.max_stall, now - self.since)
-
-    def current(self, now: float) -> float:
-        return 0.0 if self.since is None else now - self.since
-
-
-# ---- the server -------------------------------------------------------------------------
-def count_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def count_threads(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return None
-
-
-# ---- driving it -------------------------------------------------------------------------
-def _error_message(obj) -> str | None:
-    if isinstance(obj, dict) and isinstance(obj.get("error"), dict):
-        msg = obj["error"].get("message")
-        if isinstance(msg, str) and msg:
-            return msg
-    return None
-
-
-async def _whole(client, url: str, body: dict) -> tuple[str, str]:
-    r = await client.post(url + "/v1/completions", json=body)
-    try:
-        obj = r.json()
-    except ValueError:
-        return "failed", f"HTTP {r.status_code}, not JSON: {r.text[:160]!r}"
-    if r.status_code == 200:
-        ch = (obj.get("choices") or [{}])[0]
-        if ch.get("finish_reason") in FINISH_REASONS and isinstance(ch.get("text"), str):
-            return "completed", ch["finish_reason"]
-        return "failed", f"200 without a finish: {json.dumps(obj)[:160]}"
-    msg = _error_message(obj)
-    if r.status_code >= 400 and msg:
-        return "error", f"HTTP {r.status_code}: {msg[:120]}"
-    return "failed", f"HTTP {r.status_code}: {r.text[:160]!r}"
-
-
-async def _stream(client, url: str, body: dict, after_chunks: int | None, got_headers) -> tuple[str, str]:
-    async with client.stream("POST", url + "/v1/completions", json=body) as r:
-        got_headers.set()
-        if r.status_code != 200:
-            raw = await r.aread()
-            try:
-                msg = _error_message(json.loads(raw))
-            except ValueError:
-                msg = None
-            if r.status_code >= 400 and msg:
-                return "error", f"HTTP {r.status_code}: {msg[:120]}"
-            return "failed", f"HTTP {r.status_code}: {raw[:160]!r}"
-        if after_chunks == 0:
-            return "disconnected", "after 0 chunks (headers only)"
-        chunks, finish = 0, None
-        async for line in r.aiter_lines():
-            if not line.strip():
-                continue
-            if not line.startswith("data: "):
-                return "failed", f"not an SSE data line: {line[:120]!r}"
-            if line == "data: [DONE]":
-                if finish in FINISH_REASONS:
-                    return "completed", finish
-                return "failed", f"[DONE] without a finish_reason after {chunks} chunks"
-            try:
-                ev = json.loads(line[6:])
-            except ValueError:
-                return "failed", f"bad SSE JSON: {line[:120]!r}"
-            msg = _error_message(ev)
-            if msg:
-                return "error", f"SSE error: {msg[:120]}"
-            for ch in ev.get("choices") or []:
-                finish = ch.get("finish_reason") or finish
-            if ev.get("choices"):
-                chunks += 1
-                if after_chunks is not None and chunks >= after_chunks and finish is None:
-                    return "disconnected", f"after {chunks} chunks"
-        return "failed", f"stream ended without [DONE] after {chunks} chunks"
-
-
-async def one_request(client, url: str, model: str, req: dict, bound: float) -> dict:
-    body = {"model": model, "prompt": req["prompt"], "max_tokens": req["max_tokens"],
-            "temperature": 0, "stream": req["stream"]}
-    if req["stream"]:
-        body["stream_options"] = {"include_usage": True}
-    t0 = time.perf_counter()
-    got_headers = asyncio.Event()
-    if req["stream"]:
-        work = _stream(client, url, body, req["after_chunks"], got_headers)
-    else:
-        work = _whole(client, url, body)
-    task = asyncio.ensure_future(work)
-    outcome, detail = None, ""
-    try:
-        if req["action"] == "timeout" or (req["action"] == "disconnect" and req["after_chunks"] == 0):
-            done, _ = await asyncio.wait({task}, timeout=req["cancel_after_s"])
-            if not done and not got_headers.is_set():
-                outcome = "timed_out" if req["action"] == "timeout" else "disconnected"
-                detail = f"cancelled after {req['cancel_after_s']} s"
-        if outcome is None:
-            left = bound - (time.perf_counter() - t0)
-            done, _ = await asyncio.wait({task}, timeout=max(0.0, left))
-            if not done:
-                outcome, detail = "stuck", f"no end in {bound:.0f} s"
-            else:
-                try:
-                    outcome, detail = task.result()
-                except Exception as e:  # noqa: BLE001 - a dropped connection, a protocol error
-                    outcome, detail = "failed", f"{type(e).__name__}: {e}"[:200]
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-    return {"index": req["index"], "outcome": outcome, "detail": detail, "long": req["long"],
-            "stream": req["stream"], "s": round(time.perf_counter() - t0, 3)}
-
-
-class Poller:
-    """Polls /metrics every 0.5 s: step stalls, the last sample, failed polls."""
-
-    def __init__(self, url: str):
-        self.url, self.stall = url, StallTracker()
-        self.last: dict = {}
-        self.failures = 0
-        self.polls = 0
-        self.max_gap = 0.0          # longest time between two successful polls
-        self.busy = False
-
-    async def run(self, stop: asyncio.Event) -> None:
-        import httpx
-        last_ok = time.perf_counter()
-        async with httpx.AsyncClient(timeout=5.0) as client:
-            while not stop.is_set():
-                t = time.perf_counter()
-                try:
-                    r = await client.get(self.url + "/metrics")
-                    m = parse_metrics(r.text)
-                    now = time.perf_counter()
-                    busy = ((metric_sum(m, "mimo_running_requests") or 0)
-                            + (metric_sum(m, "mimo_queue_length") or 0)) > 0
-                    steps = metric_sum(m, "mimo_engine_steps")
-                    if steps is not None:
-                        self.stall.observe(now, steps, busy)
-                    self.busy = busy
-                    self.last, self.polls = m, self.polls + 1
-                    self.max_gap = max(self.max_gap, now - last_ok)
-                    last_ok = now
-                except Exception:  # noqa: BLE001 - a frozen or dead server: counted, not fatal
-                    self.failures += 1      # and, if it had work, no step was seen: a stall
-                    if self.stall.steps is not None:
-                        self.stall.observe(time.perf_counter(), self.stall.steps, self.busy)
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(stop.wait(), max(0.0, 0.5 - (time.perf_counter() - t)))
-
-
-async def drive(url: str, reqs: list[dict], args, deadline: float) -> dict:
-    """Send every request, min..max concurrency in flight; returns records and the poller."""
-    import httpx
-    rng = random.Random(args.seed + 1)
-    poller, stop = Poller(url), asyncio.Event()
-    poll_task = asyncio.create_task(poller.run(stop))
-    recs: list[dict] = []
-    limits = httpx.Limits(max_connections=args.max_concurrency + 4,
-                          max_keepalive_connections=args.max_concurrency + 4)
-    timeout = httpx.Timeout(args.request_timeout + 10, pool=args.request_timeout + 10)
-    abort = None
-    t0 = time.perf_counter()
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-        pending: set = set()
-        sent, target, next_log = 0, rng.randint(args.min_concurrency, args.max_concurrency), 50
-        try:
-            while sent < len(reqs) or pending:
-                while sent < len(reqs) and len(pending) < target and abort is None:
-                    pending.add(asyncio.create_task(
-                        one_request(client, url, model, reqs[sent], args.request_timeout)))
-                    sent += 1
-                    if sent % 25 == 0:
-                        target = rng.randint(args.min_concurrency, args.max_concurrency)
-                if not pending:
-                    break
-                done, pending = await asyncio.wait(pending, timeout=0.5,
-                                                   return_when=asyncio.FIRST_COMPLETED)
-                recs.extend(t.result() for t in done)
-                now = time.perf_counter()
-                if abort is None and time.time() > deadline:
-                    abort = f"--timeout {args.timeout:.0f} s reached"
-                if abort is None and poller.stall.current(now) > args.request_timeout + 10:
-                    abort = f"engine steps stalled for {poller.stall.current(now):.0f} s"
-                if abort is not None and sent < len(reqs):
-                    _log(f"stopping: {abort}; {len(reqs) - sent} requests not sent")
-                    reqs = reqs[:sent]
-                if abort is not None and time.time() > deadline + args.request_timeout + 15:
-                    break               # in-flight requests are bounded; this is a backstop
-                if len(recs) >= next_log or (not pending and sent >= len(reqs)):
-                    next_log = len(recs) + 50
-                    counts = {k: sum(r["outcome"] == k for r in recs) for k in OUTCOMES}
-                    _log(f"{len(recs)}/{len(reqs)} done, {len(pending)} in flight, "
-                         f"{now - t0:.0f}s, " + " ".join(f"{k}={v}" for k, v in counts.items() if v)
-                         + f", max step stall {poller.stall.max_stall:.1f}s")
-        finally:
-            for t in pending:
-                t.cancel()
-            for t in pending:
-                with contextlib.suppress(BaseException):
-                    await t
-            stop.set()
-            with contextlib.suppress(BaseException):
-                await poll_task
-    return {"recs": recs, "poller": poller, "abort": abort, "sent": sent,
-            "requests_s": time.perf_counter() - t0}
 
 
 def _get_metrics(url: str) -> dict | None:
@@ -518,6 +141,104 @@ def _settle(pid: int, tries: int = 8) -> tuple[int | None, int | None]:
     return prev
 
 
+def _warmed_counts(srv: ServerProcess, burst: int, out: dict) -> tuple[int | None, int | None]:
+    """fds and threads once warm: after one request, then bursts until the counts stand still."""
+    _warm_up(srv.url, 0)
+    first = _settle(srv.pid)
+    fds0, thr0 = first
+    for _ in range(3):
+        _warm_up(srv.url, burst)
+        cur = _settle(srv.pid)
+        if cur == (fds0, thr0):
+            break
+        fds0, thr0 = cur
+    out.update(fds_after_one_request=first[0], threads_after_one_request=first[1])
+    _log(f"warmed up: {fds0} fds, {thr0} threads (after one request: {first[0]}, {first[1]})")
+    return fds0, thr0
+
+
+def _wait_idle(srv: ServerProcess, poller) -> tuple[bool, dict]:
+    """Nothing running or queued, up to 30 s; the last metrics seen."""
+    m, t_idle = None, time.time()
+    while time.time() < t_idle + 30 and srv.alive():
+        m = _get_metrics(srv.url)
+        if m is not None and not ((metric_sum(m, "mimo_running_requests") or 0)
+                                  + (metric_sum(m, "mimo_queue_length") or 0)):
+            return True, m
+        time.sleep(0.5)
+    return False, m or poller.last
+
+
+def _counts_back(srv: ServerProcess, fds0, thr0) -> tuple[int | None, int | None]:
+    """fds and threads, given up to 10 s to fall back to the warmed-up counts."""
+    fds1, thr1 = count_fds(srv.pid), count_threads(srv.pid)
+    t_back = time.time()
+    while time.time() < t_back + 10 and srv.alive():
+        fds1, thr1 = count_fds(srv.pid), count_threads(srv.pid)
+        if fds1 is not None and thr1 is not None and fds1 <= fds0 and thr1 <= thr0:
+            break
+        time.sleep(0.25)
+    return fds1, thr1
+
+
+def _report(recs: list[dict], counts: dict, m: dict, kv: dict, poller, srv: ServerProcess,
+            res: dict) -> dict:
+    failures = [f"#{r['index']} {r['outcome']}: {r['detail']}" for r in recs
+                if r["outcome"] in ("stuck", "failed")]
+    errors: dict[str, int] = {}
+    for r in recs:
+        if r["outcome"] == "error":           # grouped by message, numbers elided
+            key = re.sub(r"\d+", "N", r["detail"])[:110]
+            errors[key] = errors.get(key, 0) + 1
+    by_status = metric_by(m, "mimo_requests_total", "status")
+    return {
+        "outcomes": counts, "stuck": counts["stuck"],
+        "max_step_stall_s": round(poller.stall.max_stall, 2),
+        "metrics_polls": poller.polls, "metrics_poll_failures": poller.failures,
+        "max_metrics_gap_s": round(poller.max_gap, 2),
+        "running_at_end": _num(metric_sum(m, "mimo_running_requests")),
+        "queued_at_end": _num(metric_sum(m, "mimo_queue_length")),
+        "kv_in_use_idle": {k: _num(v) for k, v in kv.items()},
+        "kv_capacity_pages": {k: _num(v) for k, v in (metric_by(
+            m, "mimo_kv_pool_pages", "pool", state="capacity") or {}).items()},
+        "preemptions": _num(metric_sum(m, "mimo_preemptions_total")),
+        "failed_steps": _num(metric_sum(m, "mimo_failed_steps_total")),
+        "aborted": _num(metric_sum(m, "mimo_requests_aborted_total")),
+        "requests_by_status": None if by_status is None else {k: _num(v) for k, v in by_status.items()},
+        "errors": errors, "failures": failures[:10],
+        "long_completed": sum(r["long"] and r["outcome"] == "completed" for r in recs),
+        "long_total": sum(r["long"] for r in recs),
+        "server_alive": srv.alive(), "stopped": res["abort"],
+        "requests_s": round(res["requests_s"], 2)}
+
+
+def _fail_reasons(out: dict, counts: dict, kv: dict, srv: ServerProcess, stall: float,
+                  max_stall: float) -> list[str]:
+    reasons = []
+    if out["stopped"]:
+        reasons.append(f"stopped early: {out['stopped']}")
+    if counts["stuck"]:
+        reasons.append(f"{counts['stuck']} stuck requests")
+    if counts["failed"]:
+        reasons.append(f"{counts['failed']} requests failed uncleanly")
+    if counts["not_sent"] or counts["unfinished"]:
+        reasons.append(f"{counts['not_sent']} not sent, {counts['unfinished']} unfinished")
+    if not srv.alive():
+        reasons.append(f"server exited ({srv.proc.returncode})")
+    if not out["idle_reached"]:
+        reasons.append("server not idle 30 s after the last request")
+    if not kv or any(v != 0 for v in kv.values()):
+        reasons.append(f"KV pages in use at idle: {kv or 'no mimo_kv_pool_pages'}")
+    fds0, fds1, thr0, thr1 = out["fds_start"], out["fds_end"], out["threads_start"], out["threads_end"]
+    if fds0 is None or fds1 is None or fds1 > fds0:
+        reasons.append(f"open fds {fds0} -> {fds1}")
+    if thr0 is None or thr1 is None or thr1 > thr0:
+        reasons.append(f"threads {thr0} -> {thr1}")
+    if stall >= max_stall:
+        reasons.append(f"step stall {stall:.1f} s >= {max_stall} s")
+    return reasons
+
+
 def measure(args) -> dict:
     t_start = time.time()
     deadline = t_start + args.timeout
@@ -539,95 +260,24 @@ def measure(args) -> dict:
                         start_timeout=max(1.0, min(deadline - time.time(), 600)))
     try:
         _log(f"server pid {srv.pid} on {srv.url} answered /health after {time.time() - t_start:.1f}s")
-        _warm_up(srv.url, 0)
-        first = _settle(srv.pid)
-        fds0, thr0 = first
-        for _ in range(3):          # bursts until the counts stand still
-            _warm_up(srv.url, args.max_concurrency)
-            cur = _settle(srv.pid)
-            if cur == (fds0, thr0):
-                break
-            fds0, thr0 = cur
-        out.update(fds_after_one_request=first[0], threads_after_one_request=first[1])
-        _log(f"warmed up: {fds0} fds, {thr0} threads (after one request: {first[0]}, {first[1]})")
+        fds0, thr0 = _warmed_counts(srv, args.max_concurrency, out)
         res = asyncio.run(drive(srv.url, reqs, args, deadline))
         recs, poller = res["recs"], res["poller"]
         counts = {k: sum(r["outcome"] == k for r in recs) for k in OUTCOMES}
         counts["not_sent"] = len(reqs) - res["sent"]
         counts["unfinished"] = res["sent"] - len(recs)
-        # idle: nothing running or queued, up to 30 s
-        idle, m, t_idle = False, None, time.time()
-        while time.time() < t_idle + 30 and srv.alive():
-            m = _get_metrics(srv.url)
-            if m is not None and not ((metric_sum(m, "mimo_running_requests") or 0)
-                                      + (metric_sum(m, "mimo_queue_length") or 0)):
-                idle = True
-                break
-            time.sleep(0.5)
-        m = m or poller.last
+        idle, m = _wait_idle(srv, poller)
         kv = metric_by(m, "mimo_kv_pool_pages", "pool", state="in_use") or {}
-        fds1, thr1 = count_fds(srv.pid), count_threads(srv.pid)
-        t_back = time.time()
-        while time.time() < t_back + 10 and srv.alive():
-            fds1, thr1 = count_fds(srv.pid), count_threads(srv.pid)
-            if fds1 is not None and thr1 is not None and fds1 <= fds0 and thr1 <= thr0:
-                break
-            time.sleep(0.25)
-        failures = [f"#{r['index']} {r['outcome']}: {r['detail']}" for r in recs
-                    if r["outcome"] in ("stuck", "failed")]
-        errors = {}
-        for r in recs:
-            if r["outcome"] == "error":           # grouped by message, numbers elided
-                key = re.sub(r"\d+", "N", r["detail"])[:110]
-                errors[key] = errors.get(key, 0) + 1
-        by_status = metric_by(m, "mimo_requests_total", "status")
-        out.update({
-            "outcomes": counts, "stuck": counts["stuck"],
-            "max_step_stall_s": round(poller.stall.max_stall, 2),
-            "metrics_polls": poller.polls, "metrics_poll_failures": poller.failures,
-            "max_metrics_gap_s": round(poller.max_gap, 2),
-            "idle_reached": idle,
-            "running_at_end": _num(metric_sum(m, "mimo_running_requests")),
-            "queued_at_end": _num(metric_sum(m, "mimo_queue_length")),
-            "kv_in_use_idle": {k: _num(v) for k, v in kv.items()},
-            "kv_capacity_pages": {k: _num(v) for k, v in (metric_by(
-                m, "mimo_kv_pool_pages", "pool", state="capacity") or {}).items()},
-            "fds_start": fds0, "fds_end": fds1, "threads_start": thr0, "threads_end": thr1,
-            "preemptions": _num(metric_sum(m, "mimo_preemptions_total")),
-            "failed_steps": _num(metric_sum(m, "mimo_failed_steps_total")),
-            "aborted": _num(metric_sum(m, "mimo_requests_aborted_total")),
-            "requests_by_status": None if by_status is None else {k: _num(v) for k, v in by_status.items()},
-            "errors": errors, "failures": failures[:10],
-            "long_completed": sum(r["long"] and r["outcome"] == "completed" for r in recs),
-            "long_total": sum(r["long"] for r in recs),
-            "server_alive": srv.alive(), "stopped": res["abort"],
-            "requests_s": round(res["requests_s"], 2)})
-        reasons = []
-        if res["abort"]:
-            reasons.append(f"stopped early: {res['abort']}")
-        if counts["stuck"]:
-            reasons.append(f"{counts['stuck']} stuck requests")
-        if counts["failed"]:
-            reasons.append(f"{counts['failed']} requests failed uncleanly")
-        if counts["not_sent"] or counts["unfinished"]:
-            reasons.append(f"{counts['not_sent']} not sent, {counts['unfinished']} unfinished")
-        if not srv.alive():
-            reasons.append(f"server exited ({srv.proc.returncode})")
-        if not idle:
-            reasons.append("server not idle 30 s after the last request")
-        if not kv or any(v != 0 for v in kv.values()):
-            reasons.append(f"KV pages in use at idle: {kv or 'no mimo_kv_pool_pages'}")
-        if fds0 is None or fds1 is None or fds1 > fds0:
-            reasons.append(f"open fds {fds0} -> {fds1}")
-        if thr0 is None or thr1 is None or thr1 > thr0:
-            reasons.append(f"threads {thr0} -> {thr1}")
-        if poller.stall.max_stall >= args.max_stall:
-            reasons.append(f"step stall {poller.stall.max_stall:.1f} s >= {args.max_stall} s")
+        fds1, thr1 = _counts_back(srv, fds0, thr0)
+        out.update(_report(recs, counts, m, kv, poller, srv, res))
+        out.update(idle_reached=idle, fds_start=fds0, fds_end=fds1, threads_start=thr0,
+                   threads_end=thr1)
+        reasons = _fail_reasons(out, counts, kv, srv, poller.stall.max_stall, args.max_stall)
         out["fail_reasons"] = reasons
         out["ok"] = not reasons
         if reasons:
             _log("FAILED: " + "; ".join(reasons))
-            for f in failures[:10]:
+            for f in out["failures"]:
                 _log(f"  {f}")
             tail = srv.log_tail(2000).strip()
             if tail:
