@@ -88,11 +88,43 @@ class AsyncEngine:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
         the engine thread. `mm`: an MMPrompt for a prompt with images or videos; `scope`:
         its cache salt and session key."""
+        return self._queue("add", self._new(prompt_ids, params, mm, scope))
+
+    def submit_prefill(self, prompt_ids: list[int], scope: CacheScope = CacheScope()
+                       ) -> RequestStream:
+        """A prefill worker's half of a request: compute the prompt and its greedy first
+        token only; once the stream ends, `stream.seq.exported` holds a host copy of the
+        prompt's KV (a KVPayload; engine/kv_transfer.py)."""
+        seq = self._new(prompt_ids, SamplingParams(max_tokens=1, temperature=0.0), None, scope)
+        seq.export_kv = True
+        return self._queue("add", seq)
+
+    def submit_imported(self, prompt_ids: list[int], params: SamplingParams, payload,
+                        first_token: int | None = None, cached_tokens: int = 0,
+                        scope: CacheScope = CacheScope()) -> RequestStream:
+        """A decode worker's half: run on `payload` (the prompt's KV, computed elsewhere)
+        from `first_token` on when given (the caller streams that token itself), else from
+        the last prompt token. `cached_tokens`: what the prefill reused, for usage. If the
+        first token already ends the request, the stream ends at once."""
+        seq = self._new(prompt_ids, params, None, scope)
+        seq.cached_tokens = cached_tokens
+        if first_token is not None:
+            seq.append(first_token)
+            if seq.finish_reason is not None:
+                stream = RequestStream(seq)
+                stream.events.put_nowait(StreamEvent([], seq.finish_reason))
+                return stream
+        seq.kv_import = payload
+        return self._queue("import", seq)
+
+    def _new(self, prompt_ids, params, mm, scope) -> Sequence:
         if self.fatal is not None:
             raise EngineStopped(f"the engine stopped after an internal error: {self.fatal!r}")
-        seq = self.engine.new_sequence(prompt_ids, params, mm, scope)
+        return self.engine.new_sequence(prompt_ids, params, mm, scope)
+
+    def _queue(self, cmd: str, seq: Sequence) -> RequestStream:
         stream = RequestStream(seq)
-        self._inbox.put(("add", stream))
+        self._inbox.put((cmd, stream))
         self._wake.set()
         return stream
 
@@ -117,6 +149,9 @@ class AsyncEngine:
             if cmd == "add":
                 self._streams[stream.seq.id] = stream
                 eng.enqueue(stream.seq)
+            elif cmd == "import":
+                self._streams[stream.seq.id] = stream
+                eng.add_imported(stream.seq, stream.seq.kv_import)
             elif cmd == "abort" and stream.seq.id in self._streams:
                 eng.abort(stream.seq)
                 del self._streams[stream.seq.id]

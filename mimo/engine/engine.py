@@ -18,6 +18,7 @@ from ..models import registry
 from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
 from .errors import EngineBroken, RequestError, StepFailed
 from .graph_decode import BucketedDecode, resolve_decode_graphs
+from .kv_transfer import KVTransfers
 from .parts import EngineParts
 from .runner import ModelRunner
 from .sampling_params import SamplingParams
@@ -81,6 +82,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.pool, self.cache,
                                    num_draft=self.decode.num_draft, swa_lag=self.decode.swa_lag,
                                    prefill=parts.build_prefill())
+        self.transfers = KVTransfers(self.scheduler, self.pool, self.cache)
         self.failed_steps = 0       # steps that raised (each failed only its requests)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
@@ -180,16 +182,22 @@ class LLMEngine:
         if self.loader is None or not self.loader.start(seq):
             self.scheduler.add(seq)
 
+    def add_imported(self, seq: Sequence, payload) -> None:
+        """Queue a Sequence made by `new_sequence` whose prompt KV (`payload`, a KVPayload)
+        was computed by another worker; engine thread only (see kv_transfer.py)."""
+        self.transfers.add(seq, payload)
+
     def abort(self, seq: Sequence) -> None:
         if self.loader is not None:
             self.loader.abort(seq)
+        self.transfers.abort(seq)
         if seq.status is not Status.FINISHED:
             seq.finish_reason = "abort"
             self.scheduler.finish(seq)
             self.decode.finished(seq)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work() or bool(self.loader)
+        return self.scheduler.has_work() or bool(self.loader) or bool(self.transfers)
 
     # ---- one iteration ------------------------------------------------------------------
     def step(self) -> list[tuple[Sequence, int]]:
@@ -215,6 +223,8 @@ class LLMEngine:
                 self.loader.wait(0.01)      # only storage lookups pending: do not spin
             for seq in self.loader.ready():
                 sched.add(seq)
+        if self.transfers:
+            self.transfers.admit()
         sched.touched = list(sched.running)     # the drafter reads every running request
         chunks = sched.schedule(dec.propose(sched.running))
         if not chunks:
@@ -235,6 +245,7 @@ class LLMEngine:
             if k is not None:
                 kept[c] = k
         dec.end_step()
+        self.transfers.export(sampled)      # before window release and before finishing
         sched.commit(chunks, kept)
         for c in chunks:
             if c.seq.finish_reason is not None:

@@ -87,6 +87,12 @@ class Sequence:
     # The grammar matcher of params.constraint (the decode step makes it on first use); its
     # state always equals output_ids consumed.
     matcher: Any = None
+    # Disaggregated serving (engine/kv_transfer.py): `export_kv` asks for a host copy of the
+    # prompt KV (`exported`, a KVPayload) once the prompt is computed; `kv_import` is the
+    # transferred payload a request waits with until it is admitted.
+    export_kv: bool = False
+    exported: Any = None
+    kv_import: Any = None
 
     @property
     def running_kv(self) -> SeqKV:

@@ -126,6 +126,27 @@ class DualPool:
                     self._map.map(seq.full_pages[j], spage)
         assert len(seq.full_pages) == first + f
 
+    def grow_imported(self, seq: SeqKV, new_len: int, swa_first_page: int) -> None:
+        """Pages for KV computed elsewhere (a transferred prompt, see kv_payload): full pages
+        for [0, new_len), SWA pages only from `swa_first_page` on, the older ones already
+        released. `seq` must hold nothing yet. All or nothing."""
+        if seq.full_pages or seq.swa_pages:
+            raise RuntimeError("grow_imported needs a sequence that holds no pages")
+        n = _cdiv(new_len, self.page_size)
+        first = min(swa_first_page, n) if self.hybrid else 0
+        s = n - first if self.hybrid else 0
+        if self.full.allocator.num_free < n or self.swa.allocator.num_free < s:
+            raise OutOfPages(f"need {n} full + {s} SWA pages; free "
+                             f"{self.full.allocator.num_free} full, {self.swa.allocator.num_free} SWA")
+        seq.full_pages = self.full.allocator.alloc(n) if n else []
+        if self.hybrid:
+            sp = self.swa.allocator.alloc(s) if s else []
+            seq.swa_pages = [None] * first + list(sp)
+            seq.swa_released = first
+            if self._map is not None:
+                for j in range(first, n):
+                    self._map.map(seq.full_pages[j], sp[j - first])
+
     def release_window(self, seq: SeqKV, seq_len: int) -> int:
         """Free SWA pages every position of which is out of the window of the next query
         (position `seq_len` sees keys (seq_len - window, seq_len]). Pages the prefix cache
