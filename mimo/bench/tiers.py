@@ -120,11 +120,82 @@ def _redis_load_vs_raw(llm, prompt, url: str, pairs: int) -> dict:
             "redis_load_vs_raw": round(_median(ratios), 3)}
 
 
+def _recompute(llm, prompt, warm, repeats: int) -> float:
+    _ttft(llm, warm)
+    times = []
+    for i in range(repeats):
+        llm.engine.cache.make_room(llm.engine.pool.full.allocator.capacity,
+                                   llm.engine.pool.swa.allocator.capacity)
+        t, cached = _ttft(llm, prompt)
+        assert cached == 0
+        times.append(t)
+        _log(f"recompute {i + 1}/{repeats}: {t:.3f}s")
+    return _median(times)
+
+
+def _l2_hit(l2, prompt, repeats: int) -> tuple[float, int, int]:
+    """Evict L1 down to host memory, then hit: (median TTFT, cached tokens, bytes read)."""
+    _ttft(l2, prompt)
+    times, byts, cached = [], [], 0
+    for i in range(repeats):
+        pool = l2.engine.pool
+        l2.engine.cache.make_room(pool.full.allocator.capacity, pool.swa.allocator.capacity)
+        before = l2.engine.cache.l2.bytes_read
+        t, cached = _ttft(l2, prompt)
+        times.append(t)
+        byts.append(l2.engine.cache.l2.bytes_read - before)
+        _log(f"L2 hit {i + 1}/{repeats}: {t:.3f}s, {cached} cached")
+    return _median(times), cached, byts[-1]
+
+
+def _l3_hit(make, name: str, prompt, warm, repeats: int, url: str, res: dict):
+    """Write the prompt through to the store, then hit it from fresh engines."""
+    writer = make()
+    _ttft(writer, prompt)
+    writer.engine.flush_tiers()
+    writer.engine.close()
+    times, cached, read = [], 0, 0
+    for i in range(repeats):
+        fresh = make()
+        _ttft(fresh, warm)      # first-call costs (LM head bounds, threads) not timed
+        fresh.engine.cache.l3.bytes_read = 0
+        t, cached = _ttft(fresh, prompt)
+        times.append(t)
+        read = fresh.engine.cache.l3.bytes_read
+        if name == "redis" and i == repeats - 1:
+            res.update(_redis_load_vs_raw(fresh, prompt, url, max(repeats, 5)))
+        fresh.engine.close()
+        _log(f"{name} hit {i + 1}/{repeats}: {t:.3f}s, {cached} cached")
+    return _median(times), cached, read
+
+
+def _report(res: dict, hits: dict, layout, page: int) -> None:
+    from ..kvcache.layout import KVLayout
+    from ..kvcache.retention import window_pages
+    full_kv = KVLayout(layout.full + layout.swa, (), layout.window, layout.dtype_bytes,
+                       hybrid=False)
+    for name, (t, cached, read) in hits.items():
+        win = len(window_pages(cached, layout.window, page)) * page if layout.hybrid else 0
+        minimum = layout.full_bytes_per_token * cached + layout.swa_bytes_per_token * win
+        res[f"ttft_{name}_s"] = round(t, 4)
+        res[f"ttft_{name}_vs_recompute"] = round(t / res["ttft_recompute_s"], 4)
+        res[f"cached_{name}"] = cached
+        res[f"bytes_{name}"] = read
+        res[f"bytes_{name}_vs_min"] = round(read / max(minimum, 1), 4)
+        res[f"bytes_{name}_vs_full_kv_tier"] = round(
+            read / max(full_kv.full_bytes_per_token * cached, 1), 4)
+    res["ttft_recompute_s"] = round(res["ttft_recompute_s"], 4)
+    res["targets"] = {
+        "l2_ttft_le_0.05x": res["ttft_l2_vs_recompute"] <= 0.05,
+        "l3_ttft_le_0.1x": max(res["ttft_disk_vs_recompute"],
+                               res["ttft_redis_vs_recompute"]) <= 0.1,
+        "bytes_le_1.1x_min": max(res[f"bytes_{n}_vs_min"] for n in hits) <= 1.1,
+        "redis_load_ge_0.7_raw": res["redis_load_vs_raw"] >= 0.7}
+
+
 def run(args) -> int:
     import torch
 
-    from ..kvcache.layout import KVLayout
-    from ..kvcache.retention import window_pages
     from ..llm import LLM
     from ..models import registry
     if args.threads:
@@ -148,71 +219,16 @@ def run(args) -> int:
     res: dict = {"model": args.model, "prompt_tokens": args.prompt_tokens, "dtype": args.dtype}
     try:
         cold = LLM(args.model, loaded=loaded, **base)
-        _ttft(cold, warm)
-        layout: KVLayout = cold.engine.pool.layout
-        P = cold.engine.pool.page_size
-        times = []
-        for i in range(args.repeats):
-            cold.engine.cache.make_room(cold.engine.pool.full.allocator.capacity,
-                                        cold.engine.pool.swa.allocator.capacity)
-            t, cached = _ttft(cold, prompt)
-            assert cached == 0
-            times.append(t)
-            _log(f"recompute {i + 1}/{args.repeats}: {t:.3f}s")
-        res["ttft_recompute_s"] = _median(times)
+        layout, page = cold.engine.pool.layout, cold.engine.pool.page_size
+        res["ttft_recompute_s"] = _recompute(cold, prompt, warm, args.repeats)
         del cold
-        hits = {}
-        # L2: evict L1 down to host memory, then hit.
-        l2 = LLM(args.model, loaded=loaded, host_kv_cache_memory=args.host_kv_cache_memory, **base)
-        _ttft(l2, prompt)
-        times, byts = [], []
-        for i in range(args.repeats):
-            pool = l2.engine.pool
-            l2.engine.cache.make_room(pool.full.allocator.capacity, pool.swa.allocator.capacity)
-            before = l2.engine.cache.l2.bytes_read
-            t, cached = _ttft(l2, prompt)
-            times.append(t)
-            byts.append(l2.engine.cache.l2.bytes_read - before)
-            _log(f"L2 hit {i + 1}/{args.repeats}: {t:.3f}s, {cached} cached")
-        hits["l2"] = (_median(times), cached, byts[-1])
-        del l2
+        hits = {"l2": _l2_hit(LLM(args.model, loaded=loaded,
+                                  host_kv_cache_memory=args.host_kv_cache_memory, **base),
+                              prompt, args.repeats)}
         for name, store in (("disk", f"file:{disk}"), ("redis", url)):
-            writer = LLM(args.model, loaded=loaded, kv_storage=store, **base)
-            _ttft(writer, prompt)
-            writer.engine.flush_tiers()
-            writer.engine.close()
-            times = []
-            for i in range(args.repeats):
-                fresh = LLM(args.model, loaded=loaded, kv_storage=store, **base)
-                _ttft(fresh, warm)      # first-call costs (LM head bounds, threads) not timed
-                fresh.engine.cache.l3.bytes_read = 0
-                t, cached = _ttft(fresh, prompt)
-                times.append(t)
-                read = fresh.engine.cache.l3.bytes_read
-                if name == "redis" and i == args.repeats - 1:
-                    res.update(_redis_load_vs_raw(fresh, prompt, url, max(args.repeats, 5)))
-                fresh.engine.close()
-                _log(f"{name} hit {i + 1}/{args.repeats}: {t:.3f}s, {cached} cached")
-            hits[name] = (_median(times), cached, read)
-        full_kv = KVLayout(layout.full + layout.swa, (), layout.window, layout.dtype_bytes,
-                           hybrid=False)
-        for name, (t, cached, read) in hits.items():
-            win = len(window_pages(cached, layout.window, P)) * P if layout.hybrid else 0
-            minimum = layout.full_bytes_per_token * cached + layout.swa_bytes_per_token * win
-            res[f"ttft_{name}_s"] = round(t, 4)
-            res[f"ttft_{name}_vs_recompute"] = round(t / res["ttft_recompute_s"], 4)
-            res[f"cached_{name}"] = cached
-            res[f"bytes_{name}"] = read
-            res[f"bytes_{name}_vs_min"] = round(read / max(minimum, 1), 4)
-            res[f"bytes_{name}_vs_full_kv_tier"] = round(
-                read / max(full_kv.full_bytes_per_token * cached, 1), 4)
-        res["ttft_recompute_s"] = round(res["ttft_recompute_s"], 4)
-        res["targets"] = {
-            "l2_ttft_le_0.05x": res["ttft_l2_vs_recompute"] <= 0.05,
-            "l3_ttft_le_0.1x": max(res["ttft_disk_vs_recompute"],
-                                   res["ttft_redis_vs_recompute"]) <= 0.1,
-            "bytes_le_1.1x_min": max(res[f"bytes_{n}_vs_min"] for n in hits) <= 1.1,
-            "redis_load_ge_0.7_raw": res["redis_load_vs_raw"] >= 0.7}
+            hits[name] = _l3_hit(lambda s=store: LLM(args.model, loaded=loaded, kv_storage=s, **base),
+                                 name, prompt, warm, args.repeats, url, res)
+        _report(res, hits, layout, page)
     finally:
         if redis_proc is not None:
             redis_proc.stop()
