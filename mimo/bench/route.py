@@ -5,8 +5,7 @@ caches) and a fresh Redis; the workload is streamed through it and every request
 usage and TTFT recorded. The reference is one worker with all the workers' memory, no router.
 Workloads: `shared` (sessions x turns sharing one system prompt), `distinct` (each session
 its own), `trace` (every k-th multi-turn conversation of the Mooncake conversation trace,
-lengths scaled by --block-tokens / 512, arrivals spread over --trace-duration, prompts through
-/v1/completions as text whose words are one token each, or as token ids).
+lengths scaled by --block-tokens / 512, arrivals spread over --trace-duration).
 Routers: round-robin (mimo.router --policy round-robin: the same proxy, no affinity), mimo
 (cache-aware), and, when installed (--sglang-router / --vllm-router, or on PATH),
 sglang-router and vllm-router in cache_aware mode; with those the whole bench runs inside a
@@ -15,8 +14,7 @@ is listed as such under "third_party".
 
 Reported per workload and router: the cached-token fraction (cached / prompt tokens from the
 workers' usage), the share of turns on the previous turn's worker, max/mean requests per
-worker, TTFT p50/p90, and mimo's predicted cached tokens over the actual ones; one JSON line
-last, with the issue's targets checked.
+worker, TTFT p50/p90, mimo's predicted over actual cached tokens; one JSON line last.
 """
 from __future__ import annotations
 
