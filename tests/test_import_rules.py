@@ -33,7 +33,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "stages": frozenset({"config", "pipeline", "engine", "kvcache", "models", "multimodal",
                          "tools", "structured"}),
     "api": frozenset({"config", "pipeline", "stages", "engine", "kvcache", "models",
-                      "multimodal", "tools", "structured", "cpu"}),
+                      "multimodal", "tools", "structured"}),
     # the router reaches workers over HTTP and Redis only: no engine, no kernels
     "router": frozenset({"config", "api", "stages", "pipeline", "kvcache", "models",
                          "multimodal", "tools", "structured", "redis_client"}),
@@ -51,8 +51,7 @@ ALLOWED: dict[str, frozenset[str]] = {
 NARROW = {("config", "cpu"): {"mimo.cpu.features"}}
 # What api, stages and router may import of the engine: its face, nothing of its insides.
 PUBLIC_ENGINE = {"mimo.engine", "mimo.engine.face", "mimo.engine.async_engine",
-                 "mimo.engine.sampling_params", "mimo.engine.errors",
-                 "mimo.engine.cache_publisher"}
+                 "mimo.engine.sampling_params", "mimo.engine.errors"}
 FACE_ONLY = {"api", "stages", "router"}
 # The KV bookkeeping is tested with no model: it never imports one, nor the kernels.
 BOOKKEEPING = ("mimo.kvcache", "mimo.engine.scheduler", "mimo.engine.policy",

@@ -45,31 +45,27 @@ class Server:
         self.cfg = cfg
         self.engine = engine
         self.model_name = cfg.served_model_name or model_name
-        eng = engine.engine
-        self.max_model_len = eng.max_model_len
-        self.tokenizer = eng.tokenizer
-        self.tool_format = format_for(eng.model_config.arch)
+        info = self.info = engine.info
+        self.max_model_len = info.max_model_len
+        self.tokenizer = info.tokenizer
+        self.tool_format = format_for(info.arch)
         self.metrics = Metrics()
         self.chat_pipeline = build_chat_pipeline(cfg, engine, media)
         self.pipeline = self.chat_pipeline.pipeline
         if self.chat_pipeline.multimodal:
             self.metrics.watch_encoder(self.chat_pipeline.encode)
-        self.metrics.watch_engine(eng)
-        if eng.cache is not None:
-            self.metrics.watch_prefix_cache(eng.cache)
+        self.metrics.watch_engine(lambda: engine.stats)
         # Same model, same numerics, same build: same fingerprint (OpenAI's system_fingerprint).
-        rt = eng.config.runtime
         self.fingerprint = "fp_" + hashlib.sha256(
-            f"{self.model_name}|{rt.dtype}|{rt.device}|{eng.config.spec.speculative}".encode()
+            f"{self.model_name}|{info.dtype}|{info.device}|{info.speculative}".encode()
         ).hexdigest()[:12]
         self.responder = Responder(self)
         self.responses = ResponsesAPI(self, open_store(cfg.responses_store, cfg.responses_ttl))
         self.publisher = None       # cache state for the router
         if cfg.router_redis:
-            from ..engine.cache_publisher import CachePublisher
-            self.publisher = CachePublisher(eng, cfg.router_redis, cfg.advertise_url or
-                                            f"http://{cfg.host}:{cfg.port}",
-                                            cfg.router_heartbeat, 6 * cfg.router_heartbeat)
+            self.publisher = engine.publisher(cfg.router_redis, cfg.advertise_url or
+                                              f"http://{cfg.host}:{cfg.port}",
+                                              cfg.router_heartbeat, 6 * cfg.router_heartbeat)
 
     # ---- plumbing -------------------------------------------------------------------
     def _authorized(self, request) -> bool:
@@ -120,7 +116,7 @@ class Server:
     async def metrics_endpoint(self, request):
         if not self.cfg.metrics_public and not self._authorized(request):
             return error_response(Unauthorized("/metrics needs it unless --metrics-public"))
-        self.metrics.observe_engine(self.engine.engine, self.engine.steps)
+        self.metrics.observe_engine(self.engine.stats)
         return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def tokenize(self, request):
@@ -159,11 +155,11 @@ class Server:
     async def _constraint(self, spec: schemas.GenerationSpec):
         """Compile the spec's grammar (off the loop: the first one builds the vocabulary)."""
         g = spec.grammar
-        eng = self.engine.engine
+        info = self.info
         param = "response_format" if spec.json_mode else "tools"
 
         def build():
-            vocab = grammar_vocab(self.tokenizer, eng.model_config.vocab_size, eng.eos_ids)
+            vocab = grammar_vocab(self.tokenizer, info.vocab_size, info.stop_ids)
             return g.compile(vocab)
         try:
             return await asyncio.to_thread(build)
@@ -176,7 +172,7 @@ class Server:
         try:
             spec = schemas.parse(kind, await self._body(request), self.max_model_len,
                                  multimodal=self.chat_pipeline.multimodal,
-                                 vocab_size=self.engine.engine.model_config.vocab_size,
+                                 vocab_size=self.info.vocab_size,
                                  tool_format=self.tool_format,
                                  default_max_tokens=self.cfg.default_max_tokens)
             if spec.model != self.model_name:

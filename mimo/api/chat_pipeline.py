@@ -19,7 +19,7 @@ import torch
 
 from ..config import ServerConfig
 from ..engine.async_engine import AsyncEngine
-from ..multimodal.adapter import VisionAdapter, adapter_for
+from ..multimodal.adapter import VisionAdapter
 from ..multimodal.config import MediaConfig
 from ..multimodal.embed_cache import EmbedCache
 from ..multimodal.encoder_pool import EncoderPool
@@ -85,14 +85,13 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
 
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
                         media: MediaConfig | None = None) -> ChatPipeline:
-    eng = engine.engine
+    info = engine.info
     media = media or MediaConfig()
-    rt = eng.config.runtime
-    adapter: VisionAdapter | None = adapter_for(eng.model_config)
+    adapter: VisionAdapter | None = info.vision
     limits = dict(name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
     if adapter is None:
-        prompt = BuildPrompt(eng.tokenizer, eng.model_config.arch)
-        stages = [prompt, Generate(engine), Detokenize(eng.tokenizer, eng.eos_ids)]
+        prompt = BuildPrompt(info.tokenizer, info.arch)
+        stages = [prompt, Generate(engine), Detokenize(info.tokenizer, info.stop_ids)]
         return ChatPipeline(Pipeline(stages, **limits), None, None, prompt)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
     cache, pool = None, None
@@ -101,11 +100,11 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
     else:
         # Each worker process loads the tower and keeps its own cache of the same size.
         threads = max(1, torch.get_num_threads() // cfg.encoder_workers)
-        pool = EncoderPool(eng.config.model, cfg.encoder_workers, getattr(torch, rt.dtype),
+        pool = EncoderPool(info.model, cfg.encoder_workers, getattr(torch, info.dtype),
                            cfg.embed_cache_bytes, threads)
-    encode = EncodeStage(adapter.encoder(eng.model), patch_dim=adapter.patch_dim,
+    encode = EncodeStage(info.encoder, patch_dim=adapter.patch_dim,
                          merge=adapter.merge, cache=cache, pool=pool)
-    prompt = BuildPrompt(eng.tokenizer, eng.model_config.arch, adapter)
-    stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, rt.device), encode,
-              prompt, Generate(engine), Detokenize(eng.tokenizer, eng.eos_ids)]
+    prompt = BuildPrompt(info.tokenizer, info.arch, adapter)
+    stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, info.device), encode,
+              prompt, Generate(engine), Detokenize(info.tokenizer, info.stop_ids)]
     return ChatPipeline(Pipeline(stages, **limits), encode, cache, prompt)

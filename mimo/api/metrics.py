@@ -31,11 +31,14 @@ Prefix cache (when it is on):
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from collections.abc import Callable, Mapping
 
-from ..cpu.features import cpu_info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from ..engine.face import EngineStats, SpecTotals
 from .session_keys import SessionKeys
+from .tier_metrics import TierCollector
 
 _LAT = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -83,23 +86,12 @@ class Metrics:
         misses, read at scrape time (they are counted where they happen, off the loop)."""
         self.registry.register(_EncoderCollector(encode))
 
-    def watch_prefix_cache(self, cache) -> None:
-        """Export a prefix cache's running totals (`PrefixCache.counters`), read at scrape
-        time: window cuts by cause, evicted and revived pages."""
-        self.registry.register(_PrefixCacheCollector(cache))
-        if hasattr(cache, "storage") and hasattr(cache, "host"):    # a TieredPrefixCache
-            from .tier_metrics import TierCollector
-            self.registry.register(TierCollector(cache))
-
-    def watch_engine(self, engine) -> None:
-        """Export the engine's running totals, read at scrape time: preemptions and steps
-        that failed (each failed only the requests it touched)."""
-        self.registry.register(_EngineCollector(engine))
-        w, rt = engine.weights, engine.config.runtime
-        info = cpu_info()
-        Gauge("mimo_compute_info", "The CPU's instruction sets and the kernels in use (value 1)",
-              ["cpu", "cpu_flags", "kernels", "weights", "dtype"], registry=self.registry).labels(
-            info.model, " ".join(sorted(info.flags)), w.kernels, w.format, rt.dtype).set(1)
+    def watch_engine(self, stats: Callable[[], EngineStats]) -> None:
+        """Export the engine's running totals from its snapshot (`AsyncEngine.stats`), read
+        at scrape time: preemptions, failed steps, the prefix cache's counters, the tiers'
+        (kvcache/tiers/) and the CPU and kernels in use."""
+        self.registry.register(_EngineCollector(stats))
+        self.registry.register(TierCollector(stats))
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.observe(seconds)
@@ -107,21 +99,19 @@ class Metrics:
             self._max_wait = seconds
             self.queue_wait_max.set(seconds)
 
-    def observe_engine(self, engine, steps: int = 0) -> None:
-        """Sample the engine's queue and pools (a racy read of counters: fine for gauges)."""
-        self.steps.set(steps)
-        self.queue.set(len(engine.scheduler.waiting))
-        self.running.set(len(engine.scheduler.running))
-        for name, st in engine.pool.stats().items():
+    def observe_engine(self, st: EngineStats) -> None:
+        """Set the gauges from the engine's latest snapshot."""
+        self.steps.set(st.steps)
+        self.queue.set(st.waiting)
+        self.running.set(st.running)
+        for name, pool in st.pools.items():
             for state in ("capacity", "free", "evictable", "in_use"):
-                self.pool.labels(name, state).set(st[state])
-        spec = getattr(engine, "spec", None)
-        if spec is not None:
-            self._observe_spec(spec.totals)
+                self.pool.labels(name, state).set(pool[state])
+        if st.spec is not None:
+            self._observe_spec(st.spec)
 
-    def _observe_spec(self, t) -> None:
-        """Counters advance by what the engine's running totals gained since last time (a
-        racy read from another thread: off by at most the step in flight, caught up later)."""
+    def _observe_spec(self, t: SpecTotals) -> None:
+        """Counters advance by what the engine's running totals gained since last time."""
         seen = self._spec_seen or (0, 0, [], [])
         drafted, accepted = list(t.drafted), list(t.accepted)
         self.spec_steps.inc(max(0, t.steps - seen[0]))
@@ -139,15 +129,23 @@ class Metrics:
 
 
 class _EngineCollector:
-    def __init__(self, engine):
-        self.engine = engine
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self.stats = stats
 
     def collect(self):
-        eng = self.engine       # racy reads of plain ints: fine for monitoring
+        st = self.stats()
         yield CounterMetricFamily("mimo_preemptions", "Running requests preempted to free KV "
-                                  "pages (they resume later)", value=eng.scheduler.num_preemptions)
+                                  "pages (they resume later)", value=st.preemptions)
         yield CounterMetricFamily("mimo_failed_steps", "Engine steps that raised; each failed "
-                                  "only the requests it touched", value=eng.failed_steps)
+                                  "only the requests it touched", value=st.failed_steps)
+        info = GaugeMetricFamily("mimo_compute_info", "The CPU's instruction sets and the "
+                                 "kernels in use (value 1)",
+                                 labels=["cpu", "cpu_flags", "kernels", "weights", "dtype"])
+        info.add_metric([st.cpu, " ".join(sorted(st.cpu_flags)), st.kernels, st.weights,
+                         st.dtype], 1)
+        yield info
+        if st.cache is not None:
+            yield from _prefix_cache(st.cache)
 
 
 class _EncoderCollector:
@@ -163,31 +161,26 @@ class _EncoderCollector:
             yield CounterMetricFamily(name, doc, value=value)
 
 
-class _PrefixCacheCollector:
+def _prefix_cache(c: Mapping[str, int]):
     """mimo_prefix_cache_window_cut_tokens_total{cause}: prompt tokens a cached prefix held
     but a missing SWA window kept from reuse; `never_kept` ones need a denser retention,
     `evicted` ones a larger SWA share. mimo_prefix_cache_freed_pages_total{pool,how}."""
-    def __init__(self, cache):
-        self.cache = cache
-
-    def collect(self):
-        c = self.cache.counters()      # racy read of plain ints: fine for monitoring
-        cut = CounterMetricFamily("mimo_prefix_cache_window_cut_tokens",
-                                  "Prompt tokens equal to a cached prefix but not reused "
-                                  "because the SWA window before them was missing", labels=["cause"])
-        for cause in ("never_kept", "evicted"):
-            cut.add_metric([cause], c.get(f"cut_{cause}", 0))
-        yield cut
-        freed = CounterMetricFamily("mimo_prefix_cache_freed_pages",
-                                    "Cached pages freed by eviction", labels=["pool", "how"])
-        freed.add_metric(["full", "node"], c.get("evicted_full", 0))
-        freed.add_metric(["swa", "node"], c.get("evicted_swa", 0))
-        freed.add_metric(["swa", "swa_only"], c.get("tombstoned_swa", 0))
-        yield freed
-        yield CounterMetricFamily("mimo_prefix_cache_revived_swa_pages",
-                                  "Tombstoned SWA pages filled again by a request",
-                                  value=c.get("revived_swa", 0))
-        yield CounterMetricFamily("mimo_prefix_cache_rebuilt_tokens",
-                                  "Prompt tokens reused past a missing SWA window by "
-                                  "recomputing only the SWA receptive field",
-                                  value=c.get("rebuilt_tokens", 0))
+    cut = CounterMetricFamily("mimo_prefix_cache_window_cut_tokens",
+                              "Prompt tokens equal to a cached prefix but not reused "
+                              "because the SWA window before them was missing", labels=["cause"])
+    for cause in ("never_kept", "evicted"):
+        cut.add_metric([cause], c.get(f"cut_{cause}", 0))
+    yield cut
+    freed = CounterMetricFamily("mimo_prefix_cache_freed_pages",
+                                "Cached pages freed by eviction", labels=["pool", "how"])
+    freed.add_metric(["full", "node"], c.get("evicted_full", 0))
+    freed.add_metric(["swa", "node"], c.get("evicted_swa", 0))
+    freed.add_metric(["swa", "swa_only"], c.get("tombstoned_swa", 0))
+    yield freed
+    yield CounterMetricFamily("mimo_prefix_cache_revived_swa_pages",
+                              "Tombstoned SWA pages filled again by a request",
+                              value=c.get("revived_swa", 0))
+    yield CounterMetricFamily("mimo_prefix_cache_rebuilt_tokens",
+                              "Prompt tokens reused past a missing SWA window by "
+                              "recomputing only the SWA receptive field",
+                              value=c.get("rebuilt_tokens", 0))

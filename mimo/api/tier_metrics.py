@@ -1,4 +1,4 @@
-"""/metrics for the KV tiers below L1 (mimo/kvcache/tiers/), read at scrape time.
+"""/metrics for the KV tiers below L1 (mimo/kvcache/tiers/), from the engine's snapshot.
 
   mimo_kv_tier_hit_tokens_total{tier}         prompt tokens each tier served (l1, l2, l3;
                                               l2/l3: tokens whose full KV they supplied)
@@ -15,20 +15,23 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from ..engine.face import EngineStats, StorageCounts
 
 KINDS = {"f": "full", "s": "swa"}
 
 
 class TierCollector:
-    def __init__(self, cache):
-        self.cache = cache      # a TieredPrefixCache
+    def __init__(self, stats: Callable[[], EngineStats]):
+        self.stats = stats      # the engine's snapshot (AsyncEngine.stats)
 
     def collect(self):
-        c = self.cache          # racy reads of plain ints: fine for monitoring
-        tiers = [("l2", c.l2)] if c.host is not None else []
-        if c.storage is not None:
-            tiers.append(("l3", c.l3))
+        t = self.stats().tiers
+        if t is None:
+            return
         fams = {
             "hit": CounterMetricFamily("mimo_kv_tier_hit_tokens", "Prompt tokens served, by "
                                        "tier", labels=["tier"]),
@@ -41,47 +44,41 @@ class TierCollector:
         }
         pages = CounterMetricFamily("mimo_kv_tier_pages", "KV pages read or written, by tier "
                                     "and kind", labels=["tier", "kind", "op"])
-        fams["hit"].add_metric(["l1"], c.l1_hit_tokens)
-        for name, t in tiers:
-            fams["hit"].add_metric([name], t.hit_tokens)
-            fams["miss"].add_metric([name], t.miss_tokens)
-            fams["read"].add_metric([name], t.bytes_read)
-            fams["written"].add_metric([name], t.bytes_written)
+        fams["hit"].add_metric(["l1"], t.l1_hit_tokens)
+        for c in t.tiers:
+            fams["hit"].add_metric([c.name], c.hit_tokens)
+            fams["miss"].add_metric([c.name], c.miss_tokens)
+            fams["read"].add_metric([c.name], c.bytes_read)
+            fams["written"].add_metric([c.name], c.bytes_written)
             for k, kind in KINDS.items():
-                pages.add_metric([name, kind, "read"], t.pages_read[k])
-                pages.add_metric([name, kind, "write"], t.pages_written[k])
+                pages.add_metric([c.name, kind, "read"], c.pages_read[k])
+                pages.add_metric([c.name, kind, "write"], c.pages_written[k])
         yield from fams.values()
         yield pages
         yield CounterMetricFamily("mimo_kv_tier_load_errors", "Tier loads that raised (the "
-                                  "request recomputed)", value=c.load_errors)
-        if c.host is not None:
+                                  "request recomputed)", value=t.load_errors)
+        if t.host_pages is not None:
             g = GaugeMetricFamily("mimo_kv_host_pages", "Host-memory KV tier pages by state",
                                   labels=["kind", "state"])
-            for k, st in c.host.stats().items():
+            for k, st in t.host_pages.items():
                 for state in ("free", "evictable", "in_use", "capacity"):
                     g.add_metric([KINDS[k], state], st[state])
             yield g
-        if c.storage is not None:
-            yield from self._storage(c.storage)
+        if t.storage is not None:
+            yield from _storage(t.storage)
 
-    def _storage(self, st):
-        b = st.storage.stats
-        err = CounterMetricFamily("mimo_kv_storage_errors", "KV storage keys that missed or "
-                                  "failed, by cause", labels=["cause"])
-        for cause, n in b.errors.items():
-            extra = st.stats.fetch_timeouts if cause == "timeout" else 0
-            err.add_metric([cause], n + extra)
-        yield err
-        drop = CounterMetricFamily("mimo_kv_storage_dropped_writes", "KV pages not written to "
-                                   "storage", labels=["why"])
-        drop.add_metric(["queue_full"], st.stats.dropped)
-        drop.add_metric(["refused"], st.stats.failed)
-        yield drop
-        w = st.stats
-        from ..kvcache.tiers.storage_tier import LATENCY_BUCKETS
-        acc, buckets = 0, []
-        for ub, n in zip((*LATENCY_BUCKETS, float("inf")), w.latency_counts):
-            acc += n
-            buckets.append((str(ub) if ub != float("inf") else "+Inf", acc))
-        yield HistogramMetricFamily("mimo_kv_storage_load_seconds", "KV storage lookup "
-                                    "latency", buckets=buckets, sum_value=w.latency_sum)
+
+def _storage(s: StorageCounts):
+    err = CounterMetricFamily("mimo_kv_storage_errors", "KV storage keys that missed or "
+                              "failed, by cause", labels=["cause"])
+    for cause, n in s.errors.items():
+        err.add_metric([cause], n)
+    yield err
+    drop = CounterMetricFamily("mimo_kv_storage_dropped_writes", "KV pages not written to "
+                               "storage", labels=["why"])
+    drop.add_metric(["queue_full"], s.dropped)
+    drop.add_metric(["refused"], s.refused)
+    yield drop
+    buckets = [(str(ub) if ub != float("inf") else "+Inf", n) for ub, n in s.latency_buckets]
+    yield HistogramMetricFamily("mimo_kv_storage_load_seconds", "KV storage lookup "
+                                "latency", buckets=buckets, sum_value=s.latency_sum)

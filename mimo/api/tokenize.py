@@ -111,7 +111,7 @@ async def tokenize(server, body: dict) -> dict:
 def detokenize(server, body: dict) -> dict:
     _unknown(body, _DETOKENIZE, "/detokenize")
     ids = body.get("tokens")
-    vocab = server.engine.engine.model_config.vocab_size
+    vocab = server.info.vocab_size
     if not isinstance(ids, list) or not all(
             isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
         raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")

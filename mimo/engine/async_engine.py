@@ -2,8 +2,10 @@
 
 Forward passes never run on the event-loop thread, so the loop keeps answering (health
 checks, new connections) while the engine is saturated. Ownership: only the engine thread
-touches the LLMEngine's scheduler and pools. The loop side only validates (pure), puts
-commands in the inbox, and reads per-request asyncio queues that the engine thread fills
+touches the LLMEngine's scheduler, pools and model. The loop side sees the engine's face
+(face.py): `info` (fixed), `stats` (a snapshot the engine thread swaps in after each
+iteration), `check` (does a request fit), `submit` (validates, pure) and `abort`, which put
+commands in the inbox; it reads per-request asyncio queues that the engine thread fills
 through `call_soon_threadsafe`.
 """
 from __future__ import annotations
@@ -19,8 +21,10 @@ from dataclasses import dataclass, field
 from ..kvcache.namespace import CacheScope
 from .engine import LLMEngine
 from .errors import EngineStopped, StepFailed
+from .face import EngineInfo, EngineStats
 from .sampling_params import SamplingParams
 from .sequence import Sequence
+from .snapshot import engine_info, engine_stats
 
 log = logging.getLogger("mimo.engine")
 
@@ -55,7 +59,9 @@ class RequestStream:
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
-        self.engine = engine
+        self._engine = engine
+        self.info: EngineInfo = engine_info(engine)
+        self._stats: EngineStats = engine_stats(engine, 0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._idle_wait = idle_wait
@@ -63,7 +69,7 @@ class AsyncEngine:
         self._stop = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[int, RequestStream] = {}     # engine thread only
-        self.steps = 0
+        self._steps = 0
         self.last_step_seconds = 0.0
         self.fatal: BaseException | None = None
         # Called (on the event loop) with the error that stopped it.
@@ -80,9 +86,20 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
         # Queued storage writes land before the process goes (a restarted server finds them).
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+        await asyncio.get_running_loop().run_in_executor(None, self._engine.close)
 
     # ---- event-loop side ----------------------------------------------------------------
+    @property
+    def stats(self) -> EngineStats:
+        """The engine after its latest iteration (one reference read: never half-updated)."""
+        return self._stats
+
+    def check(self, prompt_len: int, max_tokens: int, *, fill: bool = False,
+              min_tokens: int = 0) -> int:
+        """The max_tokens a request of `prompt_len` tokens runs with, or face.ContextTooLong
+        (`fill`: the client sent none; it gets what the context and the KV pool allow)."""
+        return self.info.check(prompt_len, max_tokens, fill=fill, min_tokens=min_tokens)
+
     def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None,
                scope: CacheScope = CacheScope()) -> RequestStream:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
@@ -120,7 +137,7 @@ class AsyncEngine:
     def _new(self, prompt_ids, params, mm, scope) -> Sequence:
         if self.fatal is not None:
             raise EngineStopped(f"the engine stopped after an internal error: {self.fatal!r}")
-        return self.engine.new_sequence(prompt_ids, params, mm, scope)
+        return self._engine.new_sequence(prompt_ids, params, mm, scope)
 
     def _queue(self, cmd: str, seq: Sequence) -> RequestStream:
         stream = RequestStream(seq)
@@ -134,13 +151,23 @@ class AsyncEngine:
         self._inbox.put(("abort", stream))
         self._wake.set()
 
+    def publisher(self, redis_url: str, url: str, interval: float = 0.5, ttl: float = 3.0):
+        """The worker's side of the cache-aware router (cache_publisher.py), following this
+        engine's prefix cache; call before `start`."""
+        from .cache_publisher import CachePublisher
+        return CachePublisher(self.info, lambda: self._stats, self._engine.cache, redis_url,
+                              url, interval, ttl)
+
     # ---- engine thread ----------------------------------------------------------------
     def _emit(self, stream: RequestStream, ev: StreamEvent) -> None:
         assert self._loop is not None       # start() sets it before the engine thread runs
         self._loop.call_soon_threadsafe(stream.events.put_nowait, ev)
 
+    def _publish(self) -> None:
+        self._stats = engine_stats(self._engine, self._steps)
+
     def _drain_inbox(self) -> None:
-        eng = self.engine
+        eng = self._engine
         while True:
             try:
                 cmd, stream = self._inbox.get_nowait()
@@ -158,10 +185,11 @@ class AsyncEngine:
                 self._emit(stream, StreamEvent([], "abort"))
 
     def _run(self) -> None:
-        eng = self.engine
+        eng = self._engine
         while not self._stop:
             self._drain_inbox()
             if not eng.has_work():
+                self._publish()     # aborts and storage writes change it while idle
                 self._wake.wait(self._idle_wait)
                 self._wake.clear()
                 continue
@@ -170,12 +198,14 @@ class AsyncEngine:
                 out = eng.step()
             except StepFailed as e:     # its requests get the error; the loop goes on
                 self._fail(e.failed, e)
+                self._publish()
                 continue
             except BaseException as e:  # noqa: BLE001 - EngineBroken, or a bug outside step()
                 self._die(e)
                 return
-            self.steps += 1
+            self._steps += 1
             self.last_step_seconds = time.perf_counter() - t0
+            self._publish()
             # One event per request and step: with speculative decoding a step may give a
             # request several tokens, and the finish reason belongs after the last of them.
             per_seq: dict[int, tuple[Sequence, list[int]]] = {}

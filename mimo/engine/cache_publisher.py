@@ -26,11 +26,13 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA, KeyChain
 from ..redis_client import open_redis
+from .face import EngineInfo, EngineStats
 
 log = logging.getLogger("mimo.router.publish")
 
@@ -39,38 +41,26 @@ _CHUNK = 2000       # members per SADD / SREM
 L3_TTL_MS = 3_600_000
 
 
-def engine_keys(engine) -> KeyChain:
-    """The tiers' KeyChain when the engine has tiers (the same keys as L3), else one from the
-    same fingerprint recipe."""
-    keys = getattr(engine.cache, "keys", None)
-    if isinstance(keys, KeyChain):
-        return keys
-    from ..kvcache.tiers.build import weights_identity
-    from ..kvcache.tiers.keys import model_fingerprint
-    fp = model_fingerprint(engine.model_config.arch,
-                           weights_identity(engine.model.state_dict().items()),
-                           engine.pool.layout, engine.pool.page_size,
-                           engine.config.runtime.dtype)
-    return KeyChain(fp, engine.pool.page_size)
-
-
 class CachePublisher:
-    def __init__(self, engine, redis_url: str, url: str, interval: float = 0.5,
-                 ttl: float = 3.0):
-        self.engine, self.redis_url, self.url = engine, redis_url, url
+    def __init__(self, info: EngineInfo, stats: Callable[[], EngineStats], cache,
+                 redis_url: str, url: str, interval: float = 0.5, ttl: float = 3.0):
+        """`cache`: the engine's prefix cache, whose change events the mirrors follow
+        (hooked here, before the engine thread starts); the load comes from `stats` (the
+        engine's snapshot), never from the scheduler. Built by `AsyncEngine.publisher`."""
+        self.stats, self.redis_url, self.url = stats, redis_url, url
         self.interval, self.ttl = interval, ttl
         self.incarnation = uuid.uuid4().hex[:16]
-        tree = getattr(engine.cache, "tree", None)
+        tree = getattr(cache, "tree", None)
         self.mode = "off" if tree is None else tree.mode
-        self.keys = engine_keys(engine)
+        self.keys = KeyChain(info.fingerprint, info.page_size)
         self.mirror = ce.TreeMirror(tree, self.keys) if tree is not None else None
-        self.window = engine.pool.window if engine.pool.hybrid else 0
+        self.window = info.window
         self.rebuild = tree.rebuild if tree is not None else 0
-        host, storage = getattr(engine.cache, "host", None), getattr(engine.cache, "storage", None)
+        host, storage = getattr(cache, "host", None), getattr(cache, "storage", None)
         self.tiers = (ce.TierMirror(host, storage)
                       if host is not None or storage is not None else None)
         self.has_host = host is not None
-        store_url = getattr(getattr(engine.cache, "cfg", None), "kv_storage", None)
+        store_url = getattr(getattr(cache, "cfg", None), "kv_storage", None)
         self.store = (ce.storage_id(self.keys.fingerprint, store_url)
                       if storage is not None and store_url else "")
         self.errors = 0
@@ -79,7 +69,6 @@ class CachePublisher:
         self._client: Any = None
         self._started = False           # the incarnation is registered
         self._resync = True             # the page sets must be rewritten whole
-        self._last_load = 0
 
     # ---- lifecycle --------------------------------------------------------------------
     def start(self) -> None:
@@ -205,18 +194,11 @@ class CachePublisher:
             raise
 
     def load(self) -> dict:
-        """Uncached prompt tokens waiting and still to prefill, read across threads: a list
-        copy of the engine's state can race its changes, then the last value stands."""
-        sched = self.engine.scheduler
-        try:
-            waiting = list(sched.waiting._since)
-            running = list(sched.running)
-            tokens = sum(max(len(s.prompt_ids) - s.cached_tokens, 0) for s in waiting)
-            tokens += sum(max(s.prefill_end - s.num_computed, 0) for s in running)
-            self._last_load = tokens
-        except RuntimeError:
-            waiting, running, tokens = [], [], self._last_load
-        return {"uncached_tokens": tokens, "waiting": len(waiting), "running": len(running)}
+        """Uncached prompt tokens queued and still to prefill, and the request counts, as
+        of the engine's latest iteration (its snapshot)."""
+        st = self.stats()
+        return {"uncached_tokens": st.uncached_tokens, "waiting": st.waiting,
+                "running": st.running}
 
     async def _heartbeat(self) -> None:
         hb = {"incarnation": self.incarnation, "fingerprint": self.keys.fingerprint.hex(),

@@ -17,6 +17,7 @@ from ..kvcache.namespace import CacheScope
 from ..models import registry
 from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
 from .errors import EngineBroken, RequestError, StepFailed
+from .face import fit
 from .graph_decode import BucketedDecode, resolve_decode_graphs
 from .kv_transfer import KVTransfers
 from .parts import EngineParts
@@ -149,13 +150,8 @@ class LLMEngine:
         if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 or t >= vocab
                for t in prompt_ids):
             raise RequestError(f"prompt token ids must be integers in [0, {vocab})")
-        total = len(prompt_ids) + params.max_tokens
-        if len(prompt_ids) >= self.max_model_len:
-            raise RequestError(f"prompt has {len(prompt_ids)} tokens; the context is "
-                               f"{self.max_model_len} tokens (it must leave room for one more)")
-        if total > self.max_model_len:
-            raise RequestError(f"prompt ({len(prompt_ids)} tokens) + max_tokens "
-                               f"({params.max_tokens}) exceeds the context of {self.max_model_len}")
+        # The context rule (face.fit: the one place it lives); the KV rule is below.
+        fit(len(prompt_ids), params.max_tokens, self.max_model_len, 0)
         gen = (torch.Generator().manual_seed(params.seed) if params.seed is not None
                else self._default_gen)
         if mm is not None and self.model_config.vision is None:

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..engine.async_engine import AsyncEngine
-from ..engine.face import TokenLogprob
+from ..engine.face import ContextTooLong, TokenLogprob
 from ..pipeline import InvalidRequest, Stage
 from .chat_request import ChatRequest
 
@@ -42,29 +42,18 @@ class Generate(Stage):
         self.engine = engine
 
     def _check_context(self, req: ChatRequest) -> None:
-        limit = self.engine.engine.max_model_len
-        n, m = len(req.prompt_ids), req.params.max_tokens
-        param = "messages" if req.messages is not None else "prompt"
-        if n >= limit:
-            raise ContextLengthExceeded(f"the prompt has {n} tokens; the context is {limit} "
-                                        f"tokens (it must leave room for one more)", param)
-        if req.fit_max_tokens:
-            # No max_tokens sent: as OpenAI, the context's rest; and no more than the full
-            # pool can ever hold beside the prompt (the engine refuses a request that could
-            # outgrow an empty pool, and the client asked for no particular bound).
-            eng = self.engine.engine
-            held = eng.pool.full.allocator.capacity * eng.pool.page_size - n
-            rest = min(limit - n, m, held) if held >= 1 else min(limit - n, m)
-            if req.params.min_tokens > rest:
-                raise ContextLengthExceeded(
-                    f"the prompt ({n} tokens) leaves {rest} of the context of {limit} "
-                    f"tokens, fewer than min_tokens ({req.params.min_tokens})", "min_tokens")
-            if rest != m:
-                req.params = dataclasses.replace(req.params, max_tokens=rest)
-            return
-        if n + m > limit:
-            raise ContextLengthExceeded(f"the prompt ({n} tokens) + max_tokens ({m}) exceeds "
-                                        f"the context of {limit} tokens", param)
+        """The engine's rule (`AsyncEngine.check`), blamed on this request's inputs; with no
+        max_tokens sent it sets what the context and the KV pool leave."""
+        p = req.params
+        try:
+            m = self.engine.check(len(req.prompt_ids), p.max_tokens, fill=req.fit_max_tokens,
+                                  min_tokens=p.min_tokens)
+        except ContextTooLong as e:
+            param = e.param if e.param != "prompt" else (
+                "messages" if req.messages is not None else "prompt")
+            raise ContextLengthExceeded(str(e), param) from None
+        if m != p.max_tokens:
+            req.params = dataclasses.replace(p, max_tokens=m)
 
     async def process(self, req: ChatRequest, upstream=None):
         self._check_context(req)

@@ -60,7 +60,7 @@ def test_failed_steps_answer_500_or_an_error_event_and_the_server_goes_on(tiny_h
             m = (await c.get("/metrics")).text
             assert "mimo_failed_steps_total 2.0" in m
             assert (await c.get("/health")).status_code == 200
-        ae.engine.check_integrity()
+        ae._engine.check_integrity()
         await ae.stop()
     asyncio.run(main())
 

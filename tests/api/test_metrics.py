@@ -1,9 +1,11 @@
-"""/metrics exports the prefix cache's running totals as the tree counts them."""
+"""/metrics exports the prefix cache's running totals as the tree counts them, read from the
+engine's snapshot (EngineStats)."""
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from mimo.api.metrics import Metrics
+from mimo.engine.face import EngineStats
 from mimo.kvcache.dual_pool import DualPool
 from mimo.kvcache.layout import shape_layout
 from mimo.kvcache.radix_cache import RadixPrefixCache
@@ -25,7 +27,8 @@ def cached_prompt(pages: int):
     cache = RadixPrefixCache(pool, RetentionPolicy(branch=False))
     tree, fa, sa = cache.tree, pool.full.allocator, pool.swa.allocator
     metrics = Metrics()
-    metrics.watch_prefix_cache(cache)
+    # What the engine thread's snapshot holds of the cache (engine/snapshot.py).
+    metrics.watch_engine(lambda: EngineStats(cache=cache.counters()))
     toks = list(range(pages * 16))
     res = tree.insert(toks, fa.alloc(pages), sa.alloc(pages), prompt_len=len(toks))
     fa.free(res.dup_full)

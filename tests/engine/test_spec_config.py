@@ -9,6 +9,7 @@ from test_cli import _run
 from mimo import LLM, SamplingParams
 from mimo.api.metrics import Metrics
 from mimo.config import ConfigError, SpecConfig
+from mimo.engine.snapshot import engine_stats
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -43,8 +44,8 @@ def test_metrics_count_verify_steps_and_acceptance_per_position():
     m = Metrics()
     outs = llm.generate([{"prompt_token_ids": [2] + [7, 8, 9] * 5}] * 2,
                         SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
-    m.observe_engine(llm.engine)
-    m.observe_engine(llm.engine)        # observing again adds nothing
+    m.observe_engine(engine_stats(llm.engine, 0))
+    m.observe_engine(engine_stats(llm.engine, 0))       # observing again adds nothing
     text = m.render().decode()
     t = llm.engine.spec.totals
     assert t.steps == sum(o.spec_stats["steps"] for o in outs) > 0

@@ -88,7 +88,7 @@ class ResponsesAPI:
         try:
             return schemas.parse("chat", body, s.max_model_len,
                                  multimodal=s.chat_pipeline.multimodal,
-                                 vocab_size=s.engine.engine.model_config.vocab_size,
+                                 vocab_size=s.info.vocab_size,
                                  tool_format=s.tool_format,
                                  default_max_tokens=s.cfg.default_max_tokens)
         except APIError as e:
