@@ -33,7 +33,11 @@ def main(argv=None) -> int:
                             max_bytes=args.max_media_bytes,
                             resize_max_pixels=args.image_max_pixels)
         engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
-        server = Server(scfg, AsyncEngine(engine), args.model, media)
+        aeng = AsyncEngine(engine)
+        from mimo.disagg import decode_stage, role_routes
+        stage = decode_stage(scfg, aeng)
+        server = Server(scfg, aeng, args.model, media, generate=stage)
+        server.extra_routes += role_routes(server, stage)
     except (ConfigError, ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

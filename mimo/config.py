@@ -512,6 +512,9 @@ class ServerConfig:
     responses_store: str | None = None       # None / memory://: this process; redis://...: shared
     responses_ttl: float = 86400.0           # seconds a stored response lives
     web_ui: bool = True                      # the chat page at / (api/web_ui.py)
+    # ---- disaggregated serving (mimo/disagg): both, prefill or decode
+    role: str = "both"
+    kv_transfer_timeout: float = 60.0        # decode role: longest silence of a KV stream (s)
 
     def __post_init__(self):
         if not self.body_read_timeout > 0:
@@ -533,3 +536,7 @@ class ServerConfig:
         if not self.responses_ttl >= 1:
             raise ConfigError("responses_ttl must be >= 1 second")
         check_responses_store(self.responses_store)
+        if self.role not in ("both", "prefill", "decode"):
+            raise ConfigError(f"role must be both, prefill or decode, not {self.role!r}")
+        if not self.kv_transfer_timeout > 0:
+            raise ConfigError("kv_transfer_timeout must be > 0")

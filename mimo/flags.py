@@ -218,6 +218,15 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     r.add_argument("--router-heartbeat", type=float, default=0.5, metavar="SECONDS",
                    help="seconds between heartbeats; a worker silent for 6 of them leaves "
                         "the routing set (default 0.5)")
+    d = p.add_argument_group("disaggregated serving (docs/disaggregation.md)")
+    d.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+                   help="both (default): prefill and decode here; prefill: also answer "
+                        "/v1/internal/prefill with a prompt's KV (full layers, SWA windows "
+                        "only) for a decode worker; decode: take a request's prompt KV from "
+                        "the prefill worker the router names (local recompute if that fails)")
+    d.add_argument("--kv-transfer-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="decode role: longest a KV stream may stay silent before the request "
+                        "is recomputed here (default 60)")
     rs = p.add_argument_group("responses (/v1/responses)")
     rs.add_argument("--responses-store", default=None, metavar="URL",
                     help="where stored responses live for previous_response_id, retrieve and "
@@ -243,4 +252,5 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         router_redis=a.router_redis, advertise_url=a.advertise_url,
                         router_heartbeat=a.router_heartbeat,
                         responses_store=a.responses_store, responses_ttl=a.responses_ttl,
-                        web_ui=a.web_ui)
+                        web_ui=a.web_ui, role=a.role,
+                        kv_transfer_timeout=a.kv_transfer_timeout)

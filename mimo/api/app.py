@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import hashlib
 import hmac
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
@@ -38,10 +39,15 @@ from .responses import ResponsesAPI, open_store
 from .tokenize import detokenize, tokenize
 from .web_ui import web_ui_routes
 
+if TYPE_CHECKING:
+    from ..pipeline import Stage
+
 
 class Server:
     def __init__(self, cfg: ServerConfig, engine: AsyncEngine, model_name: str,
-                 media: MediaConfig | None = None):
+                 media: MediaConfig | None = None, generate: Stage | None = None):
+        """`generate`: the pipeline's generate stage (default `Generate(engine)`; a decode
+        worker's takes prompt KV from a prefill worker, mimo/disagg)."""
         self.cfg = cfg
         self.engine = engine
         self.model_name = cfg.served_model_name or model_name
@@ -50,7 +56,8 @@ class Server:
         self.tokenizer = info.tokenizer
         self.tool_format = format_for(info.arch)
         self.metrics = Metrics()
-        self.chat_pipeline = build_chat_pipeline(cfg, engine, media)
+        self.chat_pipeline = build_chat_pipeline(cfg, engine, media, generate)
+        self.extra_routes: list[Route] = []     # added before build_app (a worker's role)
         self.pipeline = self.chat_pipeline.pipeline
         if self.chat_pipeline.multimodal:
             self.metrics.watch_encoder(self.chat_pipeline.encode)
@@ -231,6 +238,7 @@ def build_app(server: Server) -> Starlette:
         Route("/v1/responses/{response_id}/input_items", server.responses.input_items,
               methods=["GET"]),
     ]
+    routes += server.extra_routes
     if server.cfg.web_ui:
         routes += web_ui_routes()
     return Starlette(routes=routes, lifespan=lifespan,

@@ -24,7 +24,7 @@ from ..multimodal.config import MediaConfig
 from ..multimodal.embed_cache import EmbedCache
 from ..multimodal.encoder_pool import EncoderPool
 from ..multimodal.placeholders import expand_placeholders, pad_kinds
-from ..pipeline import Pipeline
+from ..pipeline import Pipeline, Stage
 from ..stages import (
     BuildPrompt,
     ChatRequest,
@@ -84,14 +84,17 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
 
 
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
-                        media: MediaConfig | None = None) -> ChatPipeline:
+                        media: MediaConfig | None = None, generate: Stage | None = None
+                        ) -> ChatPipeline:
+    """`generate`: the generate stage (default `Generate(engine)`)."""
     info = engine.info
     media = media or MediaConfig()
     adapter: VisionAdapter | None = info.vision
+    generate = generate or Generate(engine)
     limits = dict(name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
     if adapter is None:
         prompt = BuildPrompt(info.tokenizer, info.arch)
-        stages = [prompt, Generate(engine), Detokenize(info.tokenizer, info.stop_ids)]
+        stages = [prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]
         return ChatPipeline(Pipeline(stages, **limits), None, None, prompt)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
     cache, pool = None, None
@@ -106,5 +109,5 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
                          merge=adapter.merge, cache=cache, pool=pool)
     prompt = BuildPrompt(info.tokenizer, info.arch, adapter)
     stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, info.device), encode,
-              prompt, Generate(engine), Detokenize(info.tokenizer, info.stop_ids)]
+              prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]
     return ChatPipeline(Pipeline(stages, **limits), encode, cache, prompt)

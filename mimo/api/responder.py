@@ -25,6 +25,9 @@ from .errors import error_body, error_response, to_api_error
 from .response_format import closed
 from .schemas import GenerationSpec
 
+# A decode worker's request: the prefill worker the router chose (mimo/disagg).
+PREFILL_HEADER = "x-mimo-prefill"
+
 
 class ClientGone(Exception):
     """The HTTP client disconnected before its answer was complete."""
@@ -49,6 +52,9 @@ class Responder:
         tools_on = spec.tools is not None and spec.tools.active
         keep = spec.kind == "chat" and (tools_on or fmt.reasoning is not None)
         reqs = [chat_request(spec, i, keep) for i in range(spec.choices.best_of)]
+        prefill = request.headers.get(PREFILL_HEADER) if self.s.cfg.role == "decode" else None
+        for r in reqs:
+            r.prefill_url = prefill
         runs: list[Run] = []
         t0 = time.perf_counter()
         try:

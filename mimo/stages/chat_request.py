@@ -46,6 +46,9 @@ class ChatRequest(Request):
     # final EOS / stop token is then left out of the text.
     keep_special: bool = False
     cache: CacheScope = field(default_factory=CacheScope)   # cache salt and session key
+    # A decode worker's request: the prefill worker to take its prompt KV from (the router's
+    # x-mimo-prefill header; mimo/disagg). None: computed here.
+    prefill_url: str | None = None
     # Written by the stages, one writer each:
     fetched: list[bytes] = field(default_factory=list)               # fetch
     decoded: list[DecodedMedia] = field(default_factory=list)        # decode_media

@@ -59,6 +59,11 @@ class Generate(Stage):
         self._check_context(req)
         stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt,
                                     scope=req.cache)
+        async for g in self.follow(req, stream):
+            yield g
+
+    async def follow(self, req: ChatRequest, stream):
+        """The engine stream's events as `Generated`; leaving early aborts the request."""
         finished = False
         seen = 0
         try:
