@@ -18,6 +18,7 @@ from starlette.responses import StreamingResponse
 from ..api.body import read_json
 from ..api.errors import APIError, bad_request, error_response
 from ..kvcache.kv_payload import full_kv_bytes
+from ..kvcache.layout import KVLayout
 from ..kvcache.namespace import CacheScope
 from . import wire
 from .transfer_stats import TransferStats
@@ -44,9 +45,9 @@ def _parse(body: object) -> tuple[list[int], CacheScope, str]:
 
 
 class PrefillEndpoint:
-    def __init__(self, server, fingerprint: str):
+    def __init__(self, server, fingerprint: str, layout: KVLayout):
         self.s = server
-        self.fingerprint = fingerprint
+        self.fingerprint, self.layout = fingerprint, layout
         self.stats = TransferStats()
 
     async def handle(self, request):
@@ -73,10 +74,9 @@ class PrefillEndpoint:
             return error_response(RuntimeError("the prefill ended without its KV"))
         stream.seq.exported = None
         self.stats.prefill_seconds += time.perf_counter() - t0
-        layout = s.engine.engine.pool.layout
         chunks = wire.encode(first, stream.seq.cached_tokens, payload, self.fingerprint)
         return StreamingResponse(self._send(chunks, payload.nbytes,
-                                            full_kv_bytes(layout, payload.tokens)),
+                                            full_kv_bytes(self.layout, payload.tokens)),
                                  media_type="application/octet-stream")
 
     def _send(self, chunks: Iterator[bytes], kv_bytes: int, full: int) -> Iterator[bytes]:

@@ -12,14 +12,12 @@ size); speculative decoding and media prompts are not split yet (refused / run w
 """
 from __future__ import annotations
 
-import hashlib
-import json
-
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from ..config import ConfigError, ServerConfig
 from ..engine.async_engine import AsyncEngine
+from ..kvcache.layout import KVLayout
 from .decode_generate import DecodeGenerate
 from .prefill_client import PrefillClient
 from .prefill_endpoint import PrefillEndpoint
@@ -28,12 +26,16 @@ ROLES = ("both", "prefill", "decode")
 
 
 def kv_fingerprint(engine: AsyncEngine) -> str:
-    """Same model, numerics and KV paging: KV one worker computed is valid on the other."""
-    eng = engine.engine
-    rt, pool = eng.config.runtime, eng.pool
-    key = [eng.config.model, eng.model_config.arch, rt.dtype, repr(pool.layout),
-           pool.page_size]
-    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:16]
+    """Same weights, KV layout, page size and dtype (the engine's KV identity, as the tiers
+    key it): KV one worker computed is valid on the other."""
+    return engine.info.fingerprint.hex()
+
+
+def kv_layout(engine: AsyncEngine) -> KVLayout:
+    """The layout of the engine's pools (hybrid unless its window is 0: full-kv)."""
+    info = engine.info
+    return KVLayout.from_model(info.model_config, info.dtype,
+                               "hybrid" if info.window else "full-kv")
 
 
 def decode_stage(cfg: ServerConfig, engine: AsyncEngine) -> DecodeGenerate | None:
@@ -41,8 +43,7 @@ def decode_stage(cfg: ServerConfig, engine: AsyncEngine) -> DecodeGenerate | Non
     _check(cfg, engine)
     if cfg.role != "decode":
         return None
-    eng = engine.engine
-    client = PrefillClient(kv_fingerprint(engine), eng.pool.layout, eng.pool.page_size,
+    client = PrefillClient(kv_fingerprint(engine), kv_layout(engine), engine.info.page_size,
                            cfg.kv_transfer_timeout, cfg.api_key)
     return DecodeGenerate(engine, client)
 
@@ -55,7 +56,8 @@ def role_routes(server, stage: DecodeGenerate | None) -> list[Route]:
     routes = []
     endpoint = None
     if cfg.role == "prefill":
-        endpoint = PrefillEndpoint(server, kv_fingerprint(server.engine))
+        endpoint = PrefillEndpoint(server, kv_fingerprint(server.engine),
+                                   kv_layout(server.engine))
         routes.append(Route("/v1/internal/prefill", endpoint.handle, methods=["POST"]))
 
     async def stats(request):
@@ -65,7 +67,6 @@ def role_routes(server, stage: DecodeGenerate | None) -> list[Route]:
         if stage is not None:
             out["received"] = stage.client.stats.as_dict()
             out["received"]["recomputed"] = stage.recomputed
-            out["imported"] = server.engine.engine.transfers.imported
         return JSONResponse(out)
     routes.append(Route("/v1/internal/kv_transfers", stats, methods=["GET"]))
     return routes
@@ -74,6 +75,6 @@ def role_routes(server, stage: DecodeGenerate | None) -> list[Route]:
 def _check(cfg: ServerConfig, engine: AsyncEngine) -> None:
     if cfg.role not in ROLES:
         raise ConfigError(f"role must be one of {', '.join(ROLES)}, not {cfg.role!r}")
-    if cfg.role != "both" and engine.engine.config.spec.enabled:
+    if cfg.role != "both" and engine.info.speculative is not None:
         raise ConfigError("--role prefill/decode: speculative decoding is not split between "
                           "workers yet (drop --speculative)")
