@@ -9,6 +9,7 @@ mimo runs its plain PyTorch kernels, and every caller falls back.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import threading
@@ -30,6 +31,15 @@ _FLAGS = {
 }
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
+_default: dict[str | None, ModuleType | None] = {}   # by $MIMO_CPU_ISA
+
+
+def _import(name: str, so: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, so)
+    assert spec is not None and spec.loader is not None, so
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def cache_dir(isa: str) -> Path:
@@ -44,7 +54,17 @@ def cache_dir(isa: str) -> Path:
 def load(isa: str | None = None) -> ModuleType | None:
     """The kernels for `isa` (default: the chosen one), building them on first use; None
     (and one log line) when they cannot be had."""
-    isa = isa if isa is not None else chosen_isa()
+    if isa is None:                 # every quantized matmul asks: answer from a dict
+        forced = os.environ.get("MIMO_CPU_ISA")
+        if forced in _default:
+            return _default[forced]
+        mod = _load(chosen_isa())
+        _default[forced] = mod
+        return mod
+    return _load(isa)
+
+
+def _load(isa: str | None) -> ModuleType | None:
     if isa is None:
         return _fail("none", "no supported instruction set (AVX2+FMA+F16C at least), or "
                              "MIMO_CPU_ISA=none")
@@ -56,10 +76,14 @@ def load(isa: str | None = None) -> ModuleType | None:
         build.mkdir(parents=True, exist_ok=True)
         name = f"mimo_qkernels_{isa.replace('-', '_')}"
         _clear_stale_lock(build)
-        cached = (build / f"{name}.so").exists()
+        so = build / f"{name}.so"
+        cached = so.exists() and not (build / "lock").exists()
         t0 = time.perf_counter()
         try:
-            mod = cpp_extension.load(
+            # The folder is keyed by the sources' hash, so a finished build is these sources'
+            # build: load it as it is. torch's builder would rerun ninja whenever another
+            # checkout of the same sources (another path) built there last.
+            mod = _import(name, so) if cached else cpp_extension.load(
                 name=name, sources=[str(s) for s in _SRCS], build_directory=str(build),
                 extra_cflags=["-O3", "-fopenmp", *_FLAGS[isa]], extra_ldflags=["-fopenmp"],
                 verbose=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 
@@ -96,3 +97,30 @@ def test_a_dead_builds_lock_is_cleared(tmp_path):
     os.utime(lock, (old, old))
     extension._clear_stale_lock(tmp_path)
     assert not lock.exists()
+
+
+def test_a_finished_build_is_loaded_without_the_builder(tmp_path):
+    """Another checkout of the same sources (another path) that built into the shared cache
+    last must not make this one rebuild: a finished build (its .so, no lock) is imported as
+    it is. Here the builder is made to fail: the load must not reach it."""
+    isa = cpu_info().best_isa
+    assert extension.load(isa) is not None
+    src = extension.cache_dir(isa)
+    dst = tmp_path / src.name
+    dst.mkdir()
+    name = f"mimo_qkernels_{isa.replace('-', '_')}.so"
+    shutil.copy(src / name, dst / name)
+    (dst / "build.ninja").write_text("# another checkout's build file\n")
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "import torch.utils.cpp_extension as ce\n"
+            "def refuse(*a, **k): raise RuntimeError('the builder ran')\n"
+            "ce.load = refuse\n"
+            "from mimo.cpu import extension\n"
+            "m = extension.load(); print('LOADED', m is not None and m.isa())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MIMO_KERNEL_CACHE": str(tmp_path), "MIMO_CPU_ISA": isa})
+    assert f"LOADED {isa}" in r.stdout and "loaded from the cache" in r.stdout, r.stdout + r.stderr
+    (dst / "lock").touch()          # a build in progress: not imported half-written
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MIMO_KERNEL_CACHE": str(tmp_path), "MIMO_CPU_ISA": isa})
+    assert "LOADED False" in r.stdout and "the builder ran" in r.stdout, r.stdout + r.stderr
