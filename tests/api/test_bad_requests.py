@@ -214,7 +214,7 @@ CASES = [
          says=("/v1/nope",)),
     Case("unknown-route-post", "/v1/embeddings", {"model": MODEL, "input": "x"}, status=404,
          code="not_found", says=("/v1/embeddings",)),
-    Case("root", "/", method="GET", status=404, says=("/",)),
+    Case("post-root", "/", {}, status=405, says=("POST",)),     # GET / is the chat page
 ]
 
 # Missing or wrong API keys, on both generation endpoints and /v1/models.
