@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
+import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..stages import ChatRequest
@@ -244,10 +245,15 @@ class Responder:
         finally:
             for t in tasks:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # A client leaving mid-stream cancels the response's scope, which cancels every
+            # await in it again: unshielded, the first await here would end this block and
+            # the request would be counted nowhere.
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(*tasks, return_exceptions=True)
+                for r in runs:
+                    with contextlib.suppress(Exception):
+                        await r.stream.aclose()
             for r in runs:
-                with contextlib.suppress(Exception):
-                    await r.stream.aclose()
                 self._account(r.req)
             if status is None:      # cancelled: the client disconnected mid-stream
                 self.s.metrics.aborted.labels(endpoint).inc()

@@ -82,3 +82,20 @@ def test_stream_that_leaves_before_its_first_token_frees_its_kv(server):
     r = httpx.post(server.url + "/v1/completions", headers=AUTH, timeout=60,
                    json={"model": "gemma-3-270m", "prompt": "Hello", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_stream_that_leaves_mid_answer_is_freed_and_counted_once(server):
+    """Closing the connection between two tokens cancels the response while it waits for
+    the next one: the request is still freed and counted as aborted (499), not lost."""
+    server.assert_pools_idle()
+    aborted0 = _metric(server, "mimo_requests_aborted_total")
+    gone0 = _metric(server, 'mimo_requests_total{endpoint="chat",status="499"}')
+    body = {"model": "gemma-3-270m", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
+            "stream": True, "messages": [{"role": "user", "content": "Tell a long story."}]}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, headers=AUTH,
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(6):
+            next(lines)
+    _assert_freed_and_counted(server, aborted0)
+    assert _metric(server, 'mimo_requests_total{endpoint="chat",status="499"}') == gone0 + 1
