@@ -20,6 +20,7 @@ def _client(**cfg) -> TestClient:
     # The page's routes need no engine: a stand-in server whose endpoints are never called.
     server = MagicMock()
     server.cfg = ServerConfig(**cfg)
+    server.extra_routes = []
     return TestClient(build_app(server))
 
 

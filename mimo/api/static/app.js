@@ -188,6 +188,7 @@ async function send(ev) {
     }
   } finally {
     answer.querySelector(".stats").textContent = statsText(t);
+    answer.dataset.done = "1";          // the answer has ended (tests wait on it)
     controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
