@@ -26,6 +26,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     field (mimo/config.py)."""
     g = p.add_argument_group("engine")
     p.epilog = ((p.epilog or "") + " " + _cpu_line()).strip()
+    _model_flags(g)
+    _cache_flags(g)
+    _scheduler_flags(g)
+    _tier_flags(p.add_argument_group("KV tiers (below the device pools)"))
+
+
+def _model_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--model", default="gemma-3-270m",
                    help="built-in name (gemma-3-270m), a .gguf file, or a Hugging Face directory")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
@@ -58,6 +65,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "captured as CUDA graphs on CUDA (on CPU: the same padded step, "
                         "eager); needs --attention-backend triton; auto: on for CUDA with "
                         "triton unless the model's decode reads back to the host (MoE)")
+
+
+def _cache_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--kv-cache-memory", default="1GiB", help="byte budget of both KV pools")
     g.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     g.add_argument("--swa-share", type=float, default=None,
@@ -75,6 +85,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="reuse a cached prefix whose SWA window was not kept by recomputing "
                         "only the SWA layers' receptive field before its end ((window - 1) "
                         "x SWA layers tokens), not everything since the last kept window")
+
+
+def _scheduler_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=512,
                    help="token budget of one step (prefill chunk size)")
@@ -100,7 +113,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "clamped to the model's MTP layer count)")
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     g.add_argument("--device", default="cpu")
-    t = p.add_argument_group("KV tiers (below the device pools)")
+
+
+def _tier_flags(t: argparse._ArgumentGroup) -> None:
     t.add_argument("--host-kv-cache-memory", default="0", metavar="SIZE",
                    help="host-memory KV tier (L2): pages the device pools evict go here, "
                         "SWA-only evictions included (e.g. 8GiB; default 0: none)")

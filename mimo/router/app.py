@@ -52,16 +52,7 @@ def build_app(router: Router) -> Starlette:
         return await pass_through(router, request)
 
     async def models(request):
-        headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
-        for w in router.members:
-            if not router.healthy.get(w):
-                continue
-            try:
-                r = await router.http.get(w + request.url.path, headers=headers, timeout=5)
-            except httpx.HTTPError:
-                continue
-            return Response(r.content, r.status_code, media_type="application/json")
-        return error_json(503, "no healthy worker", "server_error", "no_worker")
+        return await _models(router, request)
 
     async def health(request):
         up = [w for w in router.members if router.healthy.get(w)]
@@ -72,43 +63,10 @@ def build_app(router: Router) -> Starlette:
         return Response(router.metrics.render(), media_type="text/plain; version=0.0.4")
 
     async def workers(request):
-        if request.method == "GET":
-            return JSONResponse({"workers": [
-                {"url": w, "healthy": bool(router.healthy.get(w)),
-                 "inflight": router.inflight.get(w, 0)} for w in router.members]})
-        try:
-            url = json.loads(await request.body())["url"].rstrip("/")
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(url)
-        except (ValueError, KeyError, TypeError, AttributeError):
-            return error_json(400, "the body must be {\"url\": \"http://HOST:PORT\"}",
-                              "invalid_request_error", "invalid_body")
-        try:
-            if request.method == "POST":
-                await router.add_worker(url)
-            else:
-                await router.remove_worker(url)
-        except Exception as e:  # noqa: BLE001 - Redis away: the change is not shared
-            return error_json(503, f"router state unavailable: {e}", "server_error",
-                              "state_unavailable")
-        return JSONResponse({"ok": True, "workers": router.members})
+        return await _workers(router, request)
 
     async def decide(request):
-        try:
-            q = json.loads(await request.body())
-            kind, body = q["kind"], q["body"]
-        except (ValueError, KeyError, TypeError):
-            return error_json(400, "the body must be {\"kind\": \"chat\"|\"completion\"|"
-                                   "\"responses\", \"body\": {...}}", "invalid_request_error",
-                              "invalid_body")
-        try:
-            d = await router.decide(kind, body)
-        except NoWorker:
-            return error_json(503, "no healthy worker", "server_error", "no_worker")
-        return JSONResponse({"worker": d.url, "predicted_cached_tokens": d.predicted,
-                             "predicted_by_tier": dict(zip(("l1", "l2", "l3"), d.tiers)),
-                             "credited_tokens": d.credited, "prompt_tokens": d.prompt_len,
-                             "how": d.how, "score": d.score})
+        return await _decide(router, request)
 
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
@@ -124,3 +82,57 @@ def build_app(router: Router) -> Starlette:
         Route("/router/decide", decide, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _models(router: Router, request):
+    headers = {k: v for k, v in request.headers.items() if k.lower() in PASS_HEADERS}
+    for w in router.members:
+        if not router.healthy.get(w):
+            continue
+        try:
+            r = await router.http.get(w + request.url.path, headers=headers, timeout=5)
+        except httpx.HTTPError:
+            continue
+        return Response(r.content, r.status_code, media_type="application/json")
+    return error_json(503, "no healthy worker", "server_error", "no_worker")
+
+
+async def _workers(router: Router, request):
+    if request.method == "GET":
+        return JSONResponse({"workers": [
+            {"url": w, "healthy": bool(router.healthy.get(w)),
+             "inflight": router.inflight.get(w, 0)} for w in router.members]})
+    try:
+        url = json.loads(await request.body())["url"].rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(url)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return error_json(400, "the body must be {\"url\": \"http://HOST:PORT\"}",
+                          "invalid_request_error", "invalid_body")
+    try:
+        if request.method == "POST":
+            await router.add_worker(url)
+        else:
+            await router.remove_worker(url)
+    except Exception as e:  # noqa: BLE001 - Redis away: the change is not shared
+        return error_json(503, f"router state unavailable: {e}", "server_error",
+                          "state_unavailable")
+    return JSONResponse({"ok": True, "workers": router.members})
+
+
+async def _decide(router: Router, request):
+    try:
+        q = json.loads(await request.body())
+        kind, body = q["kind"], q["body"]
+    except (ValueError, KeyError, TypeError):
+        return error_json(400, "the body must be {\"kind\": \"chat\"|\"completion\"|"
+                               "\"responses\", \"body\": {...}}", "invalid_request_error",
+                          "invalid_body")
+    try:
+        d = await router.decide(kind, body)
+    except NoWorker:
+        return error_json(503, "no healthy worker", "server_error", "no_worker")
+    return JSONResponse({"worker": d.url, "predicted_cached_tokens": d.predicted,
+                         "predicted_by_tier": dict(zip(("l1", "l2", "l3"), d.tiers)),
+                         "credited_tokens": d.credited, "prompt_tokens": d.prompt_len,
+                         "how": d.how, "score": d.score})
