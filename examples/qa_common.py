@@ -47,7 +47,7 @@ async def ask_local(model: str, kind: str, path: str, question: str, max_tokens:
     chat = build_chat_pipeline(ServerConfig(), engine, media)
     body = {"model": "local", "messages": message(kind, url, question), "max_tokens": max_tokens,
             "temperature": 0}
-    spec = schemas.parse("chat", body, engine.engine.max_model_len, multimodal=chat.multimodal)
+    spec = schemas.parse("chat", body, engine.info.max_model_len, multimodal=chat.multimodal)
     engine.start()
     try:
         out = await chat.pipeline.run(chat_request(spec))
