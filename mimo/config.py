@@ -215,6 +215,9 @@ class CacheConfig:
     # A prefix whose SWA window is gone is reused by recomputing only the SWA layers' KV of
     # the receptive field before its end (RadixTree.match `rebuild`); False: cut it back.
     window_rebuild: bool = True
+    # Seconds a session paused in a tool call keeps its cached path and trailing window
+    # after everything else (RadixTree.hold); 0: paused sessions age like any other.
+    tool_pause_hold: float = 120.0
 
     def __post_init__(self):
         if self.page_size < 1:
@@ -227,6 +230,8 @@ class CacheConfig:
             raise ConfigError("layout must be 'hybrid' or 'full-kv'")
         if self.retention not in RETENTION_POLICIES:
             raise ConfigError(f"retention must be one of {', '.join(RETENTION_POLICIES)}")
+        if not 0 <= self.tool_pause_hold < float("inf"):
+            raise ConfigError("tool_pause_hold must be a finite number of seconds >= 0")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CacheConfig:

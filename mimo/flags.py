@@ -85,6 +85,11 @@ def _cache_flags(g: argparse._ArgumentGroup) -> None:
                    help="reuse a cached prefix whose SWA window was not kept by recomputing "
                         "only the SWA layers' receptive field before its end ((window - 1) "
                         "x SWA layers tokens), not everything since the last kept window")
+    g.add_argument("--tool-pause-hold", type=float, default=120.0, metavar="SECONDS",
+                   help="a session whose last turn ended in a tool call keeps its cached "
+                        "prefix and trailing SWA window after everything else (speculative "
+                        "windows, finished sessions) for this long, waiting for the tool's "
+                        "result (default 120; 0: off)")
 
 
 def _scheduler_flags(g: argparse._ArgumentGroup) -> None:
@@ -157,7 +162,7 @@ def engine_opts(a: argparse.Namespace) -> dict:
                 kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,
-                window_rebuild=a.window_rebuild,
+                window_rebuild=a.window_rebuild, tool_pause_hold=a.tool_pause_hold,
                 max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
                 num_threads=a.threads, device=a.device, policy=a.policy,
                 aging_per_second=a.aging_per_second, admission=a.admission,

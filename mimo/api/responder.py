@@ -116,6 +116,17 @@ class Responder:
         if req.engine_queue_wait is not None:
             m.observe_queue_wait(req.engine_queue_wait)
 
+    def pause(self, req: ChatRequest) -> None:
+        """The answer ended in a tool call: the session waits for the tool's result, so the
+        engine keeps what it cached after everything else for a while."""
+        if req.engine_stream is not None:
+            self.s.engine.hold(req.engine_stream)
+
+    def _pause_tool_calls(self, runs: list[Run], choices: list[Choice]) -> None:
+        for r, ch in zip(runs, choices):
+            if ch.finish_reason in ("tool_calls", "function_call"):
+                self.pause(r.req)
+
     @staticmethod
     def _usage(runs: list[Run]) -> dict:
         us = [r.req.usage for r in runs]
@@ -160,6 +171,7 @@ class Responder:
         self.s.metrics.requests.labels(endpoint, "200").inc()
         for r in runs:
             self._account(r.req)
+        self._pause_tool_calls(runs, choices)
         order = list(range(len(runs)))
         if spec.choices.best_of > spec.n:
             order = sorted(order, key=lambda i: -choices[i].mean_logprob)[:spec.n]
@@ -237,6 +249,7 @@ class Responder:
             if spec.include_usage:
                 yield _event({**head, "choices": [], "usage": self._usage(runs)})
             status = "200"
+            self._pause_tool_calls(runs, choices)
             yield b"data: [DONE]\n\n"
         except Exception as e:  # noqa: BLE001 - headers are out: report in-band, then end
             err = to_api_error(e)

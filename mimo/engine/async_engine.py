@@ -158,6 +158,12 @@ class AsyncEngine:
         return CachePublisher(self.info, lambda: self._stats, self._engine.cache, redis_url,
                               url, interval, ttl)
 
+    def hold(self, stream: RequestStream) -> None:
+        """The request's answer ended in a tool call: its session waits for the tool, so
+        its cached KV is kept after everything else for a while (`LLMEngine.hold_paused`)."""
+        self._inbox.put(("hold", stream))
+        self._wake.set()
+
     # ---- engine thread ----------------------------------------------------------------
     def _emit(self, stream: RequestStream, ev: StreamEvent) -> None:
         assert self._loop is not None       # start() sets it before the engine thread runs
@@ -179,6 +185,8 @@ class AsyncEngine:
             elif cmd == "import":
                 self._streams[stream.seq.id] = stream
                 eng.add_imported(stream.seq, stream.seq.kv_import)
+            elif cmd == "hold":
+                eng.hold_paused(stream.seq)
             elif cmd == "abort" and stream.seq.id in self._streams:
                 eng.abort(stream.seq)
                 del self._streams[stream.seq.id]

@@ -192,6 +192,19 @@ class LLMEngine:
             self.scheduler.finish(seq)
             self.decode.finished(seq)
 
+    def hold_paused(self, seq: Sequence) -> int:
+        """`seq` finished with a tool call: its session is paused until the tool's result
+        comes back as the next turn, so the cache keeps what it left (its path and the
+        window before its end) after everything else for `cache.tool_pause_hold` seconds.
+        Engine thread only. Returns the tokens held (0: nothing cached, or off)."""
+        secs = self.config.cache.tool_pause_hold
+        cache = self.scheduler._cache_of(seq)
+        if (secs <= 0 or cache is None or seq.status is not Status.FINISHED
+                or seq.finish_reason == "error"):
+            return 0
+        return cache.hold(seq.all_ids[:seq.num_computed], seq.cache_namespace, secs,
+                          protect=seq.scope.session is not None)
+
     def has_work(self) -> bool:
         return self.scheduler.has_work() or bool(self.loader) or bool(self.transfers)
 

@@ -60,6 +60,13 @@ class PrefixCache(ABC):
         tables. The scheduler reserves them for the request (the rule in scheduler.py)."""
         return 0, 0
 
+    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+             protect: bool = False) -> int:
+        """A finished request's session paused in a tool call: keep its cached `tokens`
+        (and the SWA window before their end) after everything else for `seconds`.
+        Returns the tokens held; a cache without priorities holds nothing."""
+        return 0
+
     @abstractmethod
     def make_room(self, full: int, swa: int) -> None:
         """Evict until `full` / `swa` pages are free, or nothing evictable is left."""
@@ -85,4 +92,5 @@ COUNTERS = {
     "evicted_swa": "SWA pages freed by evicting cached nodes",
     "tombstoned_swa": "SWA pages freed alone, their full KV kept (SWA-only eviction)",
     "revived_swa": "tombstoned SWA pages filled again by a request that recomputed them",
+    "held": "finished requests paused in a tool call whose KV is held after everything else",
 }

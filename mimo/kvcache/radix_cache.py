@@ -199,6 +199,10 @@ class RadixPrefixCache(PrefixCache):
         return 0, sum(g >= seq.unpinned and (g >= len(table) or table[g] != page)
                       for g, page in self.tree.window_of(node))
 
+    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+             protect: bool = False) -> int:
+        return self.tree.hold(tokens, namespace, seconds, protect)
+
     # ---- room ---------------------------------------------------------------------------
     def make_room(self, full: int, swa: int) -> None:
         """Evict unlocked cached pages until `full` / `swa` pages are free (or nothing

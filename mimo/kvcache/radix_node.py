@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 NO_SWA = -1            # tombstone: this page's SWA KV was never kept (outside every window)
 EVICTED_SWA = -2       # tombstone: it was kept, then freed by SWA-only eviction
 SPECULATIVE = 1 << 40   # SWA-time handicap: dense-grid windows, superseded cached ends
+# A session's head start in both LRU orders: younger than any keyless use for 2**38 ticks (a
+# tick per match or insert), and less than SPECULATIVE, so a session's speculative windows
+# still go before keyless firm ones. A session paused in a tool call: PAUSED (radix_hold.py).
+PROTECTED = 1 << 38
+PAUSED = 1 << 39
 
 
 class Node:

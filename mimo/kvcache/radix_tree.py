@@ -34,8 +34,8 @@ running request's prefill chunks leave keep their write time until it ends (then
 not its checkpoints are demoted): else its later chunks evict them before idle windows.
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
-holding every layer, every cached prefix reusable) and 'off' (no caching).
-Locks: `radix_lock.py`; eviction, trimming, integrity check: `radix_evict.py`; nodes: `radix_node.py`.
+holding every layer, every cached prefix reusable) and 'off' (no caching). Files: radix_lock.py
+(locks), radix_evict.py (eviction, integrity), radix_hold.py (paused sessions), radix_node.py.
 """
 from __future__ import annotations
 
@@ -46,15 +46,11 @@ from typing import Protocol
 import numpy as np
 
 from .allocator import PageAllocator
-from .radix_lock import LockMixin
-from .radix_node import NO_SWA, SPECULATIVE, InsertResult, MatchResult, Node, TreeCore  # noqa: F401
+from .radix_hold import HoldMixin
+from .radix_node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Node  # noqa: F401
 from .retention import RetentionPolicy, window_first_page
 
 MODES = ("hybrid", "full-kv", "off")
-# A session's head start in both LRU orders: younger than any keyless use for 2**38 ticks (a
-# tick per match or insert), and less than SPECULATIVE, so a session's speculative windows
-# still go before keyless firm ones.
-PROTECTED = 1 << 38
 
 
 class TreeListener(Protocol):
@@ -66,7 +62,7 @@ class TreeListener(Protocol):
         """Just before eviction frees these local pages of `node` (its keys still valid)."""
 
 
-class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on TreeCore
+class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, TreeCore
     def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
                  swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
                  mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None,
@@ -94,6 +90,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
         self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
         self._heap_cap = 65536                  # compact a heap that grows past this
+        self._holds, self._hold_seq = [], itertools.count()     # (radix_hold.py)
         # Called with (node, local full pages, local SWA pages) just before eviction frees
         # them, while their KV is still intact: a lower tier copies them down (write-back).
         self._evict_slot: Callable[[Node, list[int], list[int]], None] | None = None
@@ -101,7 +98,7 @@ class RadixTree(LockMixin):            # LockMixin builds on EvictMixin, on Tree
         # kvcache/cache_events.py): told of every insert and, after the slot, every eviction.
         self.listeners: list[TreeListener] = []
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
-                             evicted_swa=0, tombstoned_swa=0, revived_swa=0,
+                             evicted_swa=0, tombstoned_swa=0, revived_swa=0, held=0,
                              cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
 
     @property

@@ -58,6 +58,7 @@ class ChatRequest(Request):
     mm_prompt: MMPrompt | None = None                                # prompt
     cached_tokens: int = 0                                           # generate
     engine_queue_wait: float | None = None  # generate: submit -> admission, seconds
+    engine_stream: object = None            # generate: its AsyncEngine RequestStream
     completion_tokens: int = 0                                       # detokenize
 
     @property

@@ -64,6 +64,7 @@ class Generate(Stage):
 
     async def follow(self, req: ChatRequest, stream):
         """The engine stream's events as `Generated`; leaving early aborts the request."""
+        req.engine_stream = stream
         finished = False
         seen = 0
         try:

@@ -244,6 +244,8 @@ class _Turn:
                                   self.builder.items,
                                   usage(self.run.req.usage, self.reasoning_tokens))
         await self.api._save(self.req, resp, self.context)
+        if self.builder.items and self.builder.items[-1]["type"] == "function_call":
+            self.api.s.responder.pause(self.run.req)    # the client runs the tool
         return resp, events
 
     def _done(self, status: str | None) -> None:

@@ -80,6 +80,11 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
         return self.l1.pinned_outside(seq)
 
+    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+             protect: bool = False) -> int:
+        # (L2 is plain LRU: what L1 evicts arrives there as its newest entries.)
+        return self.l1.hold(tokens, namespace, seconds, protect)
+
     def make_room(self, full: int, swa: int) -> None:
         self.l1.make_room(full, swa)
 
