@@ -29,6 +29,7 @@ COMMANDS = [
     ".agree",           # agree: greedy tokens, mimo vs llama-server on the same GGUF (margin rule)
     ".kernels",          # kernels: the CPU kernels (GGUF blocks) against the memory read rate
     ".flash_shape",      # flash-shape: mimo vs transformers on a scaled MiMo-V2-Flash, decode and prefill
+    ".agent",            # agent: multi-turn agent sessions with tool-call pauses, mimo vs llama-server
 ]
 
 

@@ -11,7 +11,8 @@ engine matches), lock, allocate pages for the rest (evicting first), keep the SW
 retention policy names plus the last window (what window release leaves; after a rebuild
 only exact ones), insert prompt + output, free the duplicates, unlock.
 Timestamps are not replayed: no two requests hold locks at once, so the whole budget is
-cache, as between bursts on a real server.
+cache, as between bursts on a real server. They only drive the tree's clock for sessions
+paused in a tool call (`request(paused=True, now=)`, held for `hold_s`: radix_hold.py).
 
 The hit rate is token-weighted: matched prompt tokens / prompt tokens. `size_swa_share`
 picks the SWA pool's share of a budget from a sizing replay.
@@ -180,7 +181,7 @@ class CacheSim:
     def __init__(self, layout: KVLayout, full_kv: KVLayout, budget: int, policy: str = "hybrid",
                  page_size: int = 16, align: int = BLOCK, swa_share: float = 0.2,
                  chunk: int = 2048, retention: RetentionPolicy | None = None,
-                 output: bool | None = None, rebuild: bool = True):
+                 output: bool | None = None, rebuild: bool = True, hold_s: float = 0.0):
         P = self.P = page_size
         self.name, self.budget, self.window = policy, budget, layout.window
         # While prefilling, a request also holds one chunk's SWA pages (released per chunk).
@@ -204,6 +205,8 @@ class CacheSim:
         self.rebuild = layout.swa_receptive_field if self.hybrid and rebuild else 0
         self.tree = self.tree_cls(P, layout.window, self.fa, self.sa, self.policy, mode,
                               rebuild=self.rebuild)
+        self.hold_s, self.now = hold_s, 0.0
+        self.tree.clock = lambda: self.now
         self._out_id = 0
         self.hit = self.prompt = self.requests = self.uncached = self.peak_leaves = 0
         self.full_short = 0     # requests that found the full pool full (evicted for it)
@@ -217,13 +220,26 @@ class CacheSim:
         self._out_id += T - L
         return toks, L, T
 
-    def request(self, prompt, output_len: int, namespace=None) -> int:
-        """Replay one request; returns its cached prompt tokens."""
+    def request(self, prompt, output_len: int, namespace=None, paused: bool = False,
+                now: float | None = None, output=None) -> int:
+        """Replay one request; returns its cached prompt tokens. `paused`: its answer ended
+        in a tool call (held for `hold_s` seconds of `now`, the request's time). `output`:
+        its generated ids (default: ids unique to it), for a trace whose next turn resends
+        them."""
+        if now is not None:
+            self.now = now
         toks, L, T = self._tokens(prompt, output_len)
+        if output is not None:
+            if len(output) < T - L:
+                raise ValueError(f"{len(output)} output ids for {output_len} output tokens")
+            toks[L:] = array("q", list(output)[:T - L])
         m = self.tree.match(toks[:L - 1], namespace)
         self.hit, self.prompt, self.requests = self.hit + m.length, self.prompt + L, self.requests + 1
-        if self.tree.mode != "off" and self._admit(toks, L, T, m, namespace) is None:
-            self.uncached += 1                  # bigger than the whole cache: run uncached
+        if self.tree.mode != "off":
+            if self._admit(toks, L, T, m, namespace) is None:
+                self.uncached += 1              # bigger than the whole cache: run uncached
+            elif paused and self.hold_s > 0:
+                self.tree.hold(toks[:T], namespace, self.hold_s)
         return m.length
 
     def _admit(self, toks, L: int, T: int, m, namespace=None, start: int | None = None,
