@@ -292,7 +292,11 @@ class TieredCacheSim(CacheSim):
             put(k, b)
 
     # ---- one request ------------------------------------------------------------------
-    def request(self, prompt, output_len: int, namespace=None) -> int:
+    def request(self, prompt, output_len: int, namespace=None, paused: bool = False,
+                now: float | None = None, output=None) -> int:
+        if paused or now is not None or output is not None:
+            raise ValueError("the tiered replay runs on the trace's clock, without paused "
+                             "sessions or given outputs (CacheSim has them)")
         P, tree, W = self.P, self.tree, self.window
         self.now = now = (self.times[self.requests] if self.times is not None
                           else float(self.requests))
