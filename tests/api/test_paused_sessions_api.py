@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import httpx
-from conftest import KEY_HEADER
+from helpers.api_server import KEY_HEADER
 
 MODEL = "gemma-3-270m"
 PARAMS = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
