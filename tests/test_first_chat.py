@@ -1,4 +1,4 @@
-"""The first chat in docs/first_chat.md, run as written: the server `serve.sh` starts (its
+"""The first chat in the README (and docs/first_chat.md), run as written: the server `serve.sh` starts (its
 own flags, read from the script) answers the doc's curl request sensibly. The reference is
 a fact, not mimo's output: the capital of France is Paris."""
 from __future__ import annotations
@@ -21,9 +21,9 @@ def serve_sh_flags() -> list[str]:
     return shlex.split(m.group(1))
 
 
-def first_chat_request() -> tuple[str, dict]:
+def first_chat_request(doc_path: str) -> tuple[str, dict]:
     """The path and JSON body of the doc's first curl to /v1/chat/completions."""
-    doc = (ROOT / "docs" / "first_chat.md").read_text()
+    doc = (ROOT / doc_path).read_text()
     cmd = next(b for b in re.findall(r"```bash\n(.*?)```", doc, re.S)
                if "/v1/chat/completions" in b and "curl" in b)
     words = shlex.split(cmd.replace("\\\n", " "))
@@ -33,9 +33,10 @@ def first_chat_request() -> tuple[str, dict]:
     return url.removeprefix("http://127.0.0.1:8000"), body
 
 
-def test_first_chat_from_the_docs_answers_sensibly():
+def test_the_readmes_first_chat_answers_sensibly():
     flags = serve_sh_flags()
-    path, body = first_chat_request()
+    path, body = first_chat_request("README.md")
+    assert (path, body) == first_chat_request("docs/first_chat.md")     # one request, twice
     assert path == "/v1/chat/completions"
     assert body["model"] == flags[flags.index("--model") + 1]      # the model serve.sh serves
     server = ServerProcess(*flags)
