@@ -105,6 +105,10 @@ def test_chat_streams_the_servers_answer_and_shows_cached_tokens(page, server):
     assert text == want["choices"][0]["message"]["content"]
     assert re.search(r"\d+ tokens · [\d.]+ tokens/s", stats), stats
     assert _cached(stats)[1] == want["usage"]["prompt_tokens"]
+    # Usable at a phone's width: every control lies inside the 390 px viewport.
+    for sel in ("#model", "#mode", "#prompt", ".file", "#send", "#stop", ".msg.user"):
+        box = page.locator(sel).first.bounding_box()
+        assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 390, (sel, box)
     # The second turn's prompt starts with the first turn: the prefix cache serves it.
     text2, stats2, err2 = _ask(page, "And about rivers?", 8)
     assert not err2, text2
@@ -121,6 +125,9 @@ def test_image_to_text_only_model_shows_the_servers_400(page, server, media_dir)
     assert err
     assert text.startswith("Error 400: ") and "image" in text, text
     assert "Error 400" in (page.text_content("#status") or "")
+    # The refused turn stays out of the conversation: the next message is answered.
+    text, _, err = _ask(page, "Hello!", 4)
+    assert not err, text
 
 
 def test_image_reaches_the_vision_model(page, vlm_server, media_dir):
