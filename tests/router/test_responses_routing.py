@@ -23,7 +23,15 @@ from mimo.router.config import RouterConfig
 from mimo.router.prompt import Prompt
 from mimo.router.router import Router
 
-from .conftest import decide, decide_when, start_router, start_workers, stop_all, wait_published
+from .conftest import (
+    client,
+    decide,
+    decide_when,
+    start_router,
+    start_workers,
+    stop_all,
+    wait_published,
+)
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +196,74 @@ def test_an_overloaded_session_worker_is_left(redis_server):
     assert [(d.url, d.how) for d in idle] == [(A, "affinity")] * 3
     busy = asyncio.run(go(10))      # 10 in flight on A, none elsewhere: over 1.25 x mean + 1
     assert all(d.url != A and d.how == "score" for d in busy)
+
+
+def test_the_official_client_through_the_router(pair, tiny_dir):
+    """openai's responses.create (whole and streamed: the same greedy answer), retrieve,
+    input_items and a previous_response_id chain through the router: the chain stays on
+    its maker, reuses its KV there, and every response is found through the router."""
+    _, ws, rt = pair
+    c, model = client(rt), str(tiny_dir)
+    kw = dict(model=model, max_output_tokens=6, temperature=0)
+    raw = c.responses.with_raw_response.create(input="Tell me about hills.", **kw)
+    first, maker = raw.parse(), raw.headers["x-mimo-worker"]
+    assert first.id.startswith("resp_") and first.status in ("completed", "incomplete")
+    events = list(c.responses.create(input="Tell me about hills.", stream=True, **kw))
+    assert events[0].type == "response.created"
+    done = [e for e in events if e.type in ("response.completed", "response.incomplete")]
+    assert len(done) == 1 and done[0].response.output_text == first.output_text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == \
+        first.output_text
+    prev = first.id
+    for turn in range(3):
+        raw = c.responses.with_raw_response.create(input=f"Go on ({turn}).",
+                                                   previous_response_id=prev, **kw)
+        resp = raw.parse()
+        assert raw.headers["x-mimo-worker"] == maker and resp.previous_response_id == prev
+        assert resp.usage.input_tokens_details.cached_tokens > 0
+        got = c.responses.retrieve(resp.id)
+        assert got.id == resp.id and got.output_text == resp.output_text
+        prev = resp.id
+    items = c.responses.input_items.list(prev, order="asc", limit=100).data
+    assert any(it.type == "message" and "Go on (2)." in str(it.content) for it in items)
+
+
+def test_langchain_and_litellm_responses_through_the_router(pair, tiny_dir):
+    """langchain-openai (invoke, stream, a previous_response_id chain against the same
+    history sent whole) and litellm (responses, streamed, chained) through the router give
+    the official client's greedy answer."""
+    import os
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")   # no cost-map download
+    os.environ.setdefault("LITELLM_TELEMETRY", "False")
+    import litellm
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+    _, _, rt = pair
+    c, model = client(rt), str(tiny_dir)
+    want = c.responses.create(model=model, input="Say hi.", max_output_tokens=16,
+                              temperature=0).output_text
+    llm = ChatOpenAI(model=model, base_url=rt.url + "/v1", api_key="none", temperature=0,
+                     max_tokens=16, use_responses_api=True, max_retries=0, timeout=120)
+    msg = llm.invoke("Say hi.")
+    assert msg.text == want and msg.response_metadata["id"].startswith("resp_")
+    total = None
+    for chunk in llm.stream("Say hi."):
+        total = chunk if total is None else total + chunk
+    assert total.text == want
+    chained = ChatOpenAI(model=model, base_url=rt.url + "/v1", api_key="none", temperature=0,
+                         max_tokens=16, use_responses_api=True, use_previous_response_id=True,
+                         max_retries=0, timeout=120)
+    history = [HumanMessage("Say hi.")]
+    history += [chained.invoke(history), HumanMessage("Again.")]
+    whole = llm.invoke(history)
+    assert chained.invoke(history).text == whole.text
+    kw = dict(model="openai/" + model, api_base=rt.url + "/v1", api_key="none",
+              max_output_tokens=16, temperature=0)
+    r = litellm.responses(**kw, input="Say hi.")
+    assert r.output[0].content[0].text == want
+    events = list(litellm.responses(**kw, input="Say hi.", stream=True))
+    text = "".join(e.delta for e in events if str(getattr(e.type, "value", e.type)) ==
+                   "response.output_text.delta")
+    assert text == want
+    r2 = litellm.responses(**kw, previous_response_id=r.id, input="Again.")
+    assert r2.usage.input_tokens > r.usage.input_tokens
