@@ -61,7 +61,11 @@ def role_routes(server, stage: DecodeGenerate | None) -> list[Route]:
         routes.append(Route("/v1/internal/prefill", endpoint.handle, methods=["POST"]))
 
     async def stats(request):
-        out: dict = {"role": cfg.role}
+        st = server.engine.stats
+        free = [(p["free"] + p["evictable"]) / p["capacity"] for p in st.pools.values()
+                if p.get("capacity")]
+        out: dict = {"role": cfg.role, "load": {"waiting": st.waiting, "running": st.running,
+                                                 "kv_free": min(free) if free else 1.0}}
         if endpoint is not None:
             out["sent"] = endpoint.stats.as_dict()
         if stage is not None:

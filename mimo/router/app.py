@@ -135,4 +135,4 @@ async def _decide(router: Router, request):
     return JSONResponse({"worker": d.url, "predicted_cached_tokens": d.predicted,
                          "predicted_by_tier": dict(zip(("l1", "l2", "l3"), d.tiers)),
                          "credited_tokens": d.credited, "prompt_tokens": d.prompt_len,
-                         "how": d.how, "score": d.score})
+                         "how": d.how, "score": d.score, "prefill": d.prefill})

@@ -11,6 +11,8 @@ from ..config import ConfigError
 @dataclass(frozen=True)
 class RouterConfig:
     workers: tuple[str, ...] = ()
+    prefill: tuple[str, ...] = ()       # prefill workers (server.py --role prefill)
+    decode: tuple[str, ...] = ()        # decode workers (--role decode), paired with them
     redis: str | None = None            # redis://... or redis-cluster://...; None: local only
     host: str = "127.0.0.1"
     port: int = 8100
@@ -42,9 +44,12 @@ class RouterConfig:
             raise ConfigError("retries >= 0, fallback_pages >= 1, load_token_unit >= 1")
         if not (self.health_interval > 0 and self.redis_timeout > 0 and self.request_timeout > 0):
             raise ConfigError("health_interval, redis_timeout and request_timeout must be > 0")
-        for w in self.workers:
+        for w in self.workers + self.prefill + self.decode:
             if not w.startswith(("http://", "https://")):
                 raise ConfigError(f"worker {w!r} is not an http(s):// URL")
+        if bool(self.prefill) != bool(self.decode):
+            raise ConfigError("--prefill and --decode come together: a prefill worker needs "
+                              "a decode worker to hand its KV to, and the other way round")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a worker's base URL, e.g. http://127.0.0.1:8001 (repeatable; workers "
                         "publishing to --redis join by themselves; POST/DELETE "
                         "/router/workers changes the set at run time)")
+    p.add_argument("--prefill", action="append", default=[], metavar="URL",
+                   help="a prefill worker (server.py --role prefill; repeatable): requests "
+                        "are paired, prefill here (chosen by the cache-aware score), decode "
+                        "on a --decode worker (chosen by load and free KV), the KV moving "
+                        "between them (docs/disaggregation.md)")
+    p.add_argument("--decode", action="append", default=[], metavar="URL",
+                   help="a decode worker (server.py --role decode; repeatable)")
     p.add_argument("--redis", default=None, metavar="URL",
                    help="shared router state: redis://HOST:PORT[/DB] or "
                         "redis-cluster://HOST:PORT[,...] (default: none, consistent hashing "
@@ -117,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
 def router_config(a: argparse.Namespace) -> RouterConfig:
     extra = {"router_id": a.router_id} if a.router_id else {}
     return RouterConfig(workers=tuple(w.rstrip("/") for w in a.worker), redis=a.redis,
+                        prefill=tuple(w.rstrip("/") for w in a.prefill),
+                        decode=tuple(w.rstrip("/") for w in a.decode),
                         host=a.host, port=a.port, model=a.model, image_max_pixels=a.image_max_pixels,
                         match_weight=a.match_weight, continuation_weight=a.continuation_weight,
                         l2_credit=a.l2_credit, l3_credit=a.l3_credit,

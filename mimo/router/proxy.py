@@ -26,6 +26,7 @@ log = logging.getLogger("mimo.router")
 
 WORKER_HEADER = "x-mimo-worker"     # which worker answered (clients may log it)
 PREDICTED_HEADER = "x-mimo-predicted-cached-tokens"   # what the router expected it to reuse
+PREFILL_HEADER = "x-mimo-prefill"   # PD: the prefill worker the decode worker takes KV from
 PASS_HEADERS = ("authorization", "content-type", "accept", "openai-organization",
                 "openai-project", "x-request-id")
 
@@ -89,8 +90,9 @@ class Forwarder:
             tried.add(d.url)
             done = Done(self.r, d)
             try:
-                req = self.r.http.build_request("POST", d.url + path, content=raw,
-                                                headers=headers)
+                req = self.r.http.build_request(
+                    "POST", d.url + path, content=raw,
+                    headers={**headers, PREFILL_HEADER: d.prefill} if d.prefill else headers)
                 resp = await self.r.http.send(req, stream=True)
                 done.resp = resp
                 if not stream or resp.status_code != 200:
@@ -127,7 +129,10 @@ class Forwarder:
 
     @staticmethod
     def _headers(d: Decision) -> dict[str, str]:
-        return {WORKER_HEADER: d.url, PREDICTED_HEADER: str(d.predicted)}
+        out = {WORKER_HEADER: d.url, PREDICTED_HEADER: str(d.predicted)}
+        if d.prefill:
+            out[PREFILL_HEADER] = d.prefill
+        return out
 
     @staticmethod
     def _usage_of(data: bytes) -> int | None:

@@ -25,6 +25,7 @@ from ..kvcache.tiers.keys import KeyChain
 from . import policy
 from .config import RouterConfig
 from .metrics import RouterMetrics
+from .pd import PDPairing
 from .prompt import Prompt
 from .state import RouterState, StateUnavailable
 
@@ -74,6 +75,7 @@ class Decision:
     pending: Pending | None = None
     credited: float = 0.0   # the score's: tokens weighted by the tier they come from
     tiers: tuple[int, int, int] = (0, 0, 0)     # predicted tokens from L1, L2, L3
+    prefill: str | None = None  # PD: the prefill worker handing `url` (decode) the KV
 
 
 class Router:
@@ -83,13 +85,14 @@ class Router:
         self.metrics = RouterMetrics()
         self.state = (RouterState(cfg.redis, cfg.router_id, cfg.redis_timeout,
                                   cfg.health_interval) if cfg.redis else None)
-        self.members: list[str] = list(cfg.workers)
-        self.healthy: dict[str, bool] = {w: True for w in cfg.workers}
+        self.pd = PDPairing(cfg.prefill, cfg.decode)
+        self.configured = list(dict.fromkeys(cfg.workers + cfg.prefill + cfg.decode))
+        self.members: list[str] = list(self.configured)
+        self.healthy: dict[str, bool] = {w: True for w in self.configured}
         self.inflight: dict[str, int] = {}
         self._rr = itertools.count()
-        # This replica's own pending marks ({incarnation: (full, SWA) {key: expiry}}): the
-        # ones in Redis may land after the next decision's read.
-        # (full, SWA, prompt ends) {key: expiry}
+        # This replica's own pending marks ({incarnation: (full, SWA, prompt ends) {key:
+        # expiry}}): the ones in Redis may land after the next decision's read.
         self._pending: dict[str, tuple[dict[bytes, float], ...]] = {}
         self._tasks: list[asyncio.Task] = []
         self._writes: set[asyncio.Task] = set()     # state writes under way (kept referenced)
@@ -105,7 +108,7 @@ class Router:
     async def start(self) -> None:
         if self.state is not None:
             try:
-                for w in self.cfg.workers:
+                for w in self.configured:
                     await self.state.add_worker(w)
             except StateUnavailable as e:
                 log.warning("Redis unavailable at start (%s): routing locally", e)
@@ -136,8 +139,8 @@ class Router:
             try:
                 await self.state.sync(self.inflight)
                 members = await self.state.members()
-                self.members = sorted(members | ({w for w in self.cfg.workers}
-                                                 if not members else set()))
+                self.members = sorted(members | set(self.pd.prefill + self.pd.decode)
+                                      | (set(self.configured) if not members else set()))
             except StateUnavailable:
                 pass
             self._count_redis_errors()
@@ -152,6 +155,8 @@ class Router:
         self.healthy = dict(zip(self.members, ok))
         for w, up in self.healthy.items():
             self.metrics.up.labels(w).set(1 if up else 0)
+        if self.pd.configured:
+            await self.pd.poll(self._probe, self.healthy)
 
     async def _health(self, url: str) -> bool:
         try:
@@ -190,7 +195,7 @@ class Router:
         from memory (exact), the others' from Redis; between the state read and the count
         nothing awaits, so requests arriving together see each other and spread instead of
         all reading the same state and piling onto one worker."""
-        d = await self.decide_prompt(prompt, exclude, session, prefer)
+        d = await self.pd.decide(self, prompt, exclude, session, prefer)
         if d.pending is not None:         # seen by this replica's next decision at once
             now = time.monotonic()
             until, end_until = now + PENDING_MS / 1000, now + CONTINUE_MS / 1000
@@ -198,11 +203,12 @@ class Router:
             full.update(dict.fromkeys(d.pending.full, until))
             swa.update(dict.fromkeys(d.pending.swa, until))
             ends[d.pending.end] = end_until
-        self.inflight[d.url] = self.inflight.get(d.url, 0) + 1
-        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
         # The shared copies are written behind the request's back: this replica's next
         # decisions read its own from memory, so nothing waits for them.
-        self._background(self._inflight_add(d.url, 1))
+        for w in (d.url, d.prefill) if d.prefill else (d.url,):
+            self.inflight[w] = self.inflight.get(w, 0) + 1
+            self.metrics.inflight.labels(w).set(self.inflight[w])
+            self._background(self._inflight_add(w, 1))
         if d.pending is not None and self.state is not None:
             self._background(self._mark(d.pending))
         return d
@@ -222,8 +228,11 @@ class Router:
 
     # ---- in-flight ----------------------------------------------------------------------
     async def end(self, d: Decision) -> None:
-        self.inflight[d.url] = self.inflight.get(d.url, 0) - 1
-        self.metrics.inflight.labels(d.url).set(self.inflight[d.url])
+        for w in (d.url, d.prefill) if d.prefill else (d.url,):
+            self.inflight[w] = self.inflight.get(w, 0) - 1
+            self.metrics.inflight.labels(w).set(self.inflight[w])
+        if d.prefill:
+            await self._inflight_add(d.prefill, -1)
         # Awaited (after its begin, in order): once a client has its answer, every replica
         # sees the worker's load without it.
         await self._inflight_add(d.url, -1)
@@ -281,8 +290,8 @@ class Router:
         """The decision for a body of `kind` ("chat", "completion" or "responses")."""
         prefer = (await self.served_by(body.get("previous_response_id"))
                   if kind == "responses" and isinstance(body, dict) else None)
-        return await self.decide_prompt(await self.tokenize(kind, body), exclude,
-                                        session_of(body), prefer)
+        return await self.pd.decide(self, await self.tokenize(kind, body), exclude,
+                                    session_of(body), prefer)
 
     async def decide_prompt(self, prompt: Prompt | None, exclude: frozenset[str] = frozenset(),
                             session: str | None = None, prefer: str | None = None
