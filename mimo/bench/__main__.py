@@ -30,6 +30,7 @@ COMMANDS = [
     ".kernels",          # kernels: the CPU kernels (GGUF blocks) against the memory read rate
     ".flash_shape",      # flash-shape: mimo vs transformers on a scaled MiMo-V2-Flash, decode and prefill
     ".agent",            # agent: multi-turn agent sessions with tool-call pauses, mimo vs llama-server
+    ".pd_bytes",         # pd-bytes: KV bytes one prefill -> decode transfer moves vs full KV
 ]
 
 
