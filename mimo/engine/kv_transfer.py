@@ -84,7 +84,13 @@ class KVTransfers:
             payload = seq.kv_import
             assert payload is not None
             if not self._fits(seq, payload):
-                return
+                if sched.running:
+                    return          # room comes as running requests finish
+                if not self._placeable(payload):    # alone and still no room: never
+                    self._pending.popleft()
+                    log.warning("transferred KV does not fit this pool: recomputing locally")
+                    self._recompute(seq)
+                    continue
             self._pending.popleft()
             seq.kv_import = None
             kv = self.pool.new_seq()
@@ -122,6 +128,12 @@ class KVTransfers:
         free_f, free_s = sched._available()
         return (free_f - outstanding >= f and held_s <= free_s
                 and steady + s + sched._transient <= pool.swa.allocator.capacity)
+
+    def _placeable(self, payload: KVPayload) -> bool:
+        """Whether the payload's pages fit the pools at all now (free or evictable)."""
+        free_f, free_s = self.sched._available()
+        held_s = payload.num_pages - payload.swa_first_page if self.pool.hybrid else 0
+        return payload.num_pages <= free_f and held_s <= free_s
 
     def _recompute(self, seq: Sequence) -> None:
         """Queue as a fresh request: prefill the prompt and any first token given, then go
