@@ -99,3 +99,19 @@ def test_stream_that_leaves_mid_answer_is_freed_and_counted_once(server):
             next(lines)
     _assert_freed_and_counted(server, aborted0)
     assert _metric(server, 'mimo_requests_total{endpoint="chat",status="499"}') == gone0 + 1
+
+
+
+def test_responses_stream_that_leaves_mid_answer_is_counted_once(server):
+    server.assert_pools_idle()
+    aborted0 = _metric(server, "mimo_requests_aborted_total")
+    gone0 = _metric(server, 'mimo_requests_total{endpoint="responses",status="499"}')
+    body = {"model": "gemma-3-270m", "input": "Tell a long story.", "max_output_tokens": 1500,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, headers=AUTH,
+                      timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(12):
+            next(lines)
+    _assert_freed_and_counted(server, aborted0)
+    assert _metric(server, 'mimo_requests_total{endpoint="responses",status="499"}') == gone0 + 1
