@@ -1,6 +1,6 @@
 """Command-line flags, defined once for every entry point that loads a model: `python
 server.py`, `python -m mimo generate` and the benchmarks. Each engine flag maps 1:1 to a
-config field (mimo/config.py); `engine_opts` turns parsed flags into `LLM` / `engine_config`
+config field (mimo/config/); `engine_opts` turns parsed flags into `LLM` / `engine_config`
 keywords."""
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def _cpu_line() -> str:
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Engine flags shared by every command that loads a model; each maps 1:1 to a config
-    field (mimo/config.py)."""
+    field (mimo/config/)."""
     g = p.add_argument_group("engine")
     p.epilog = ((p.epilog or "") + " " + _cpu_line()).strip()
     _model_flags(g)
