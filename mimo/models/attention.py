@@ -6,7 +6,7 @@ Options, all read from `ModelConfig` except `qk_norm`:
   and SWA layers may differ (MiMo-V2-Flash: twice the KV heads on SWA layers);
 - `cfg.attention_bias`: a fused q/k/v bias (Qwen2; zeros where a checkpoint has none);
 - `qk_norm`: Gemma's RMSNorm (1 + w) on every q and k head, before RoPE;
-- partial RoPE: the rotary tables decide (`Rotary.apply` rotates the tables' dims only);
+- partial RoPE: the rotary tables decide (`Rotary.rotate` rotates the tables' dims only);
 - `cfg.{full,swa}_attention_sink`: a learned sink logit per head on that kind;
 - `cfg.attention_value_scale`: values multiplied before they are cached;
 - softmax scale `(cfg.query_pre_attn_scalar or qk head dim) ** -0.5`.
@@ -65,7 +65,7 @@ class Attention(nn.Module):
         qk = qkv[:, :nqk].view(T, self.hq + self.hkv, self.d)
         if self.qk_norm is not None:
             qk = self.qk_norm(qk)
-        qk = Rotary.apply(qk, rope)
+        qk = Rotary.rotate(qk, rope)
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, nqk:].view(T, self.hkv, self.dv)
         if self.v_scale != 1.0:

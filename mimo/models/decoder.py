@@ -2,6 +2,9 @@
 embed -> layers -> final norm loop with its LM head (`DecoderLM`)."""
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Protocol, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -10,7 +13,7 @@ from ..config import ModelConfig
 from ..gpu.attention import AttentionBackend, AttnBatch
 from .attention import Attention
 from .context import ForwardContext
-from .layers import Linear, LlamaRMSNorm, quantize_int8
+from .layers import Linear, LlamaRMSNorm, Rotary, quantize_int8
 from .lm_head import LMHead
 from .mlp import GatedMLP
 
@@ -43,6 +46,15 @@ class PreNormLayer(nn.Module):
                 backend: AttentionBackend) -> torch.Tensor:
         x = x + self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
         return x + self.mlp(self.post_attn_norm(x))
+
+
+class DecoderLayer(Protocol):
+    """What `DecoderLM.forward` needs of a layer (PreNormLayer, Gemma3Layer)."""
+    kind: str
+
+    def __call__(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
+                 backend: AttentionBackend) -> torch.Tensor: ...
 
 
 class DecoderLM(nn.Module):
@@ -111,9 +123,12 @@ class DecoderLM(nn.Module):
         if mm_embeds is not None:
             rows, emb = mm_embeds
             x = x.index_copy(0, rows, emb.to(x.dtype))
-        tables = {kind: rope.tables(positions) for kind, rope in self.rope.items()}
+        # torch's ModuleDict and ModuleList are not generic: their element types are stated here.
+        ropes = cast("Mapping[str, Rotary]", self.rope)
+        layers = cast("Sequence[DecoderLayer]", self.layers)
+        tables = {kind: rope.tables(positions) for kind, rope in ropes.items()}
         compiled = self._compiled if x.shape[0] > self._compiled_above else None
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(layers):
             k_cache, v_cache = ctx.kv[i]
             run = layer if compiled is None else compiled[i]
             x = run(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind], ctx.backend)

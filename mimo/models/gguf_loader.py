@@ -16,7 +16,7 @@ import torch
 
 from ..cpu.qmatrix import QuantPart, supported
 from . import families
-from .architecture import Architecture
+from .architecture import GGUFFormat
 from .gguf_file import GGUFFile
 
 
@@ -30,17 +30,20 @@ def open_gguf(path: str | Path) -> GGUFFile:
         raise ValueError(f"cannot read GGUF file {p}: {e}") from e
 
 
-def _format(f: GGUFFile) -> Architecture:
+def _format(f: GGUFFile) -> tuple[str, GGUFFormat]:
+    """The file's family name and how that family reads GGUF."""
     arch = f.metadata.get("general.architecture")
     formats = families.gguf_formats()
     if arch not in formats:
         raise ValueError(f"GGUF architecture {arch!r} is not supported "
                          f"(supported: {', '.join(sorted(formats))})")
-    return formats[arch]
+    fmt = formats[arch].gguf
+    assert fmt is not None, "gguf_formats() lists only families with a GGUF format"
+    return formats[arch].name, fmt
 
 
 def gguf_hf_config(f: GGUFFile) -> dict:
-    fmt = _format(f).gguf
+    fmt = _format(f)[1]
     try:
         return fmt.hf_config(f)
     except KeyError as e:
@@ -48,13 +51,12 @@ def gguf_hf_config(f: GGUFFile) -> dict:
 
 
 def gguf_weights(f: GGUFFile, progress: bool = True) -> dict[str, torch.Tensor]:
-    arch = _format(f)
-    fmt = arch.gguf
+    arch, fmt = _format(f)
     out: dict[str, torch.Tensor] = {}
     bar = _progress(len(f.tensors), "loading weights", progress)
     for t in f.tensors.values():
         w = f.dequantize(t)
-        name = _hf_name(t.name, arch.name, fmt.names)
+        name = _hf_name(t.name, arch, fmt.names)
         out[name] = w if fmt.to_hf is None else fmt.to_hf(t.name, w, f.metadata)
         bar.update(1)
     bar.close()
@@ -66,8 +68,7 @@ def gguf_blocks(f: GGUFFile) -> dict[str, QuantPart]:
     kernels take. A family's conversion to HF conventions is probed on the row numbers: one
     that reorders rows (llama's q/k permutation) reorders the block rows alike; one that
     changes values leaves the tensor with its float copy only."""
-    arch = _format(f)
-    fmt = arch.gguf
+    arch, fmt = _format(f)
     out: dict[str, QuantPart] = {}
     for t in f.tensors.values():
         if not supported(t.qtype) or len(t.shape) != 2:
@@ -81,7 +82,7 @@ def gguf_blocks(f: GGUFFile) -> dict[str, QuantPart]:
                 if moved.shape != rows.shape or not torch.equal(order.sort().values, rows[:, 0]):
                     continue
                 data = data.index_select(0, order.long())
-        out[_hf_name(t.name, arch.name, fmt.names)] = QuantPart(data, t.qtype, t.shape[1])
+        out[_hf_name(t.name, arch, fmt.names)] = QuantPart(data, t.qtype, t.shape[1])
     return out
 
 

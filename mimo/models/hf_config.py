@@ -47,13 +47,15 @@ def vision_preprocessing(vision: VisionConfig, pre: dict[str, Any]) -> VisionCon
         if key in pre and pre[key] != ours:
             raise ConfigError(f"preprocessor_config.json has {key}={pre[key]!r} but the "
                               f"vision tower's config.json says {ours}")
-    size = pre.get("size") if isinstance(pre.get("size"), dict) else {}
+    size = pre.get("size")
+    if not isinstance(size, dict):
+        size = {}
     lo = pre.get("min_pixels", size.get("shortest_edge", vision.min_pixels))
     hi = pre.get("max_pixels", size.get("longest_edge", vision.max_pixels))
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi)) or not 0 < lo <= hi:
         raise ConfigError(f"preprocessor_config.json pixel bounds must be integers with "
                           f"0 < min_pixels <= max_pixels, not {lo!r} and {hi!r}")
-    out = {"min_pixels": lo, "max_pixels": hi}
+    out: dict[str, Any] = {"min_pixels": lo, "max_pixels": hi}
     for key in ("image_mean", "image_std"):
         v = pre.get(key, getattr(vision, key))
         if (not isinstance(v, (list, tuple)) or len(v) != 3

@@ -90,10 +90,13 @@ class LlamaRMSNorm(RMSNorm):
 
 class Rotary(nn.Module):
     """Non-interleaved (rotate-half) RoPE. `tables(positions)` is computed once per forward
-    and shared by every layer of a kind; `apply` is then three elementwise ops.
+    and shared by every layer of a kind; `rotate` is then three elementwise ops.
 
-    Partial RoPE: build with `dim` = the rotated dims only; `apply` rotates the first `dim`
+    Partial RoPE: build with `dim` = the rotated dims only; `rotate` rotates the first `dim`
     dims of each head and passes the rest through (transformers' partial_rotary_factor)."""
+
+    cos: torch.Tensor     # buffers [max_pos, dim], in the model dtype
+    sin: torch.Tensor
 
     def __init__(self, dim: int, theta: float, max_pos: int, scaling: float = 1.0,
                  dtype: torch.dtype = torch.float32):
@@ -116,12 +119,12 @@ class Rotary(nn.Module):
                 self.sin.index_select(0, positions).unsqueeze(1))
 
     @staticmethod
-    def apply(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x: [T, heads, head_dim]; head_dim may exceed the tables' dim (partial RoPE)."""
         cos, sin = tables
         T, H, D = x.shape
         R = cos.shape[-1]
         if R < D:
-            return torch.cat([Rotary.apply(x[..., :R], tables), x[..., R:]], dim=-1)
+            return torch.cat([Rotary.rotate(x[..., :R], tables), x[..., R:]], dim=-1)
         swapped = x.reshape(T, H, 2, D // 2).flip(2).reshape(T, H, D)
         return x * cos + swapped * sin

@@ -43,12 +43,12 @@ class LMHead(nn.Module):
         """Build the int4 screening copy from the int8 weights (see the module docstring).
         False (nothing built) without int8 weights, or when the hidden size does not split
         into groups or the vocabulary into the kernel's 16-row tiles."""
-        w8 = self.linear.w_int8
+        w8, s8 = self.linear.w_int8, self.linear.w_scale
         # (the packing kernel takes vocabularies in multiples of 16 rows)
-        if w8 is None or w8.shape[1] % INT4_GROUP or w8.shape[0] % 16 \
+        if w8 is None or s8 is None or w8.shape[1] % INT4_GROUP or w8.shape[0] % 16 \
                 or w8.device.type != "cpu":
             return False
-        scale8 = self.linear.w_scale.float()
+        scale8 = s8.float()
         V, K = w8.shape
         packs, szs = [], []
         for a in range(0, V, 32768):            # float32 temporaries one slice at a time
@@ -69,9 +69,15 @@ class LMHead(nn.Module):
         """float32 logits [rows, vocab]."""
         return self.linear(h).float()
 
+    def _weights_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int8 weights and their row scales (quantize_int8 sets both)."""
+        w8, s8 = self.linear.w_int8, self.linear.w_scale
+        assert w8 is not None and s8 is not None, "the int8 paths run on int8 weights only"
+        return w8, s8
+
     def _prepare(self) -> None:
-        w8 = self.linear.w_int8
-        self.scale = self.linear.w_scale.float()
+        w8, s8 = self._weights_int8()
+        self.scale = s8.float()
         self.row_bound = w8.float().norm(dim=1) * self.scale      # s_j ||w_j||
         self.max_bound = float(self.row_bound.max())
         self._ready = True
@@ -127,10 +133,11 @@ class LMHead(nn.Module):
         if cand.numel() == 0:       # nothing allowed (cannot happen for a live grammar)
             assert allowed is not None
             cand = torch.nonzero(allowed[i]).squeeze(1)[:1]
-        exact = (self.linear.w_int8.index_select(0, cand).float() * self.scale[cand, None]) @ x
+        exact = (self._weights_int8()[0].index_select(0, cand).float() * self.scale[cand, None]) @ x
         return int(cand[torch.argmax(exact)])
 
     def _greedy_int4(self, h: torch.Tensor, allowed: torch.Tensor | None) -> list[int]:
+        assert self._int4 is not None, "greedy() takes this path only once screen_int4() built it"
         packed, sz = self._int4
         approx = torch.ops.aten._weight_int4pack_mm_for_cpu(h.to(torch.bfloat16), packed,
                                                             INT4_GROUP, sz)

@@ -12,7 +12,7 @@ Weights are accepted in both spellings: transformers' in-memory one (`self_attn.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -82,7 +82,7 @@ class MiMoV2FlashForCausalLM(DecoderLM):
         if not 0 <= k < len(self.mtp):
             raise IndexError(f"MTP layer {k} of {len(self.mtp)}")
         emb = self.embed_tokens(input_ids)
-        rope = self.rope["swa"].tables(positions)
+        rope = cast(Rotary, self.rope["swa"]).tables(positions)   # ModuleDict is not generic
         k_cache, v_cache = ctx.kv[self.cfg.num_layers + k]
         x = self.mtp[k](emb, hidden_prev, rope, k_cache, v_cache, ctx.batches["swa"], ctx.backend)
         if logit_rows is not None:

@@ -3,6 +3,7 @@ up fused into one projection. Also the expert of `moe.SparseMoE`."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +12,8 @@ from torch import nn
 from .layers import Linear
 
 # HF `hidden_act` spellings -> the function; gelu_pytorch_tanh is Gemma's.
-ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": F.silu, "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh")}
 
 
 class GatedMLP(nn.Module):

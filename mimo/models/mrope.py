@@ -16,7 +16,9 @@ from .layers import Rotary
 class MRotary(Rotary):
     """Rotate-half RoPE whose frequency pairs follow different position axes. `tables` takes
     positions [3, T] (or [T]: text only, all axes equal) and returns the same (cos, sin)
-    layout as `Rotary.tables`, so `Rotary.apply` is unchanged."""
+    layout as `Rotary.tables`, so `Rotary.rotate` is unchanged."""
+
+    axis: torch.Tensor    # buffer [dim]: the position axis each table column follows
 
     def __init__(self, dim: int, theta: float, max_pos: int, section: Sequence[int],
                  dtype: torch.dtype = torch.float32):

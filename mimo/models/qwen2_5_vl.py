@@ -41,8 +41,9 @@ class Qwen2_5_VLForConditionalGeneration(DecoderLM):
         self.norm = LlamaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, w["model.norm.weight"], dtype)
         self.lm_head = self._head(w, dtype)
         # A text-only checkpoint of this family (no visual.* weights) still serves text.
-        has_vision = cfg.vision is not None and any(k.startswith("visual.") for k in weights)
-        self.visual = Qwen2_5_VisionTransformer(cfg.vision, weights, dtype) if has_vision else None
+        vision = cfg.vision if any(k.startswith("visual.") for k in weights) else None
+        self.visual = (Qwen2_5_VisionTransformer(vision, weights, dtype) if vision is not None
+                       else None)
 
     def encode(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor | list) -> torch.Tensor:
         """Patches of many items -> their embeddings, concatenated in item order

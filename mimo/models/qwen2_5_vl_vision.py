@@ -48,7 +48,9 @@ class VisionPlan:
 
 def _groups(lengths: list[int], device) -> list[torch.Tensor]:
     """Contiguous segments -> row indices, one [count, length] tensor per distinct length."""
-    starts, by_len, pos = {}, {}, 0
+    starts: dict[int, torch.Tensor] = {}
+    by_len: dict[int, list[int]] = {}
+    pos = 0
     for n in lengths:
         if n:
             by_len.setdefault(n, []).append(pos)

@@ -103,9 +103,11 @@ def load(name: str, progress: bool = True) -> LoadedModel:
                 raise ModelNotFound(f"cannot read {pre}: {e}") from e
             cfg = dataclasses.replace(cfg, vision=vision_preprocessing(cfg.vision, pre_cfg))
         weights = hf_weights(path, progress)
-        finish = families.by_name(cfg.arch).from_weights
-        if finish is not None:
-            cfg = finish(cfg, weights)
+        family = families.by_name(cfg.arch)
+        if family is None:
+            raise ModelNotFound(f"no model implementation for architecture {cfg.arch!r}")
+        if family.from_weights is not None:
+            cfg = family.from_weights(cfg, weights)
         tok = Tokenizer.from_hf_dir(path)
     return LoadedModel(cfg, weights, tok, str(path))
 

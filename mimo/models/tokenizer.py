@@ -120,7 +120,7 @@ def _byte_level_backend(md: Mapping[str, Any]) -> tuple[_Backend, list[str]]:
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = _Backend(BPE(vocab=vocab, merges=merges, continuing_subword_prefix="", end_of_word_suffix="",
                        fuse_unk=False, dropout=None))
-    split = _PRE_SPLITS.get(md.get("tokenizer.ggml.pre"))
+    split = _PRE_SPLITS.get(md.get("tokenizer.ggml.pre", ""))
     if split is None:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     else:
@@ -148,6 +148,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, source: str | os.PathLike | Mapping[str, Any] | Any) -> Tokenizer:
         """From a GGUF path, a `gguf.GGUFReader`, or an already-read metadata mapping."""
+        md: Mapping[str, Any]
         if isinstance(source, (str, os.PathLike)):
             md = read_gguf_metadata(source)
         elif hasattr(source, "fields"):  # gguf.GGUFReader
@@ -244,8 +245,11 @@ class Tokenizer:
         # BOS/EOS are added here rather than by the backend's post-processor so that the policy is
         # one flag we own, whatever post-processor a tokenizer.json happens to carry.
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        if add_special_tokens:
-            ids = [self.bos_token_id] * self.add_bos + ids + [self.eos_token_id] * self.add_eos
+        if add_special_tokens:   # add_bos / add_eos hold only with the id set (__init__)
+            if self.add_bos and self.bos_token_id is not None:
+                ids = [self.bos_token_id, *ids]
+            if self.add_eos and self.eos_token_id is not None:
+                ids = [*ids, self.eos_token_id]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -92,7 +92,9 @@ async def system_resolver(host: str, port: int) -> list[str]:
         raise MediaFetchError(f"cannot resolve host {host!r}: {e.strerror}") from e
     except UnicodeError as e:   # a name no DNS label encodes ("a..b", a 64-byte label)
         raise MediaFetchError(f"cannot resolve host {host[:64]!r}: {e}") from None
-    return [info[4][0] for info in infos]
+    # info[4] is (host, port[, flow, scope]) for the inet families SOCK_STREAM resolves;
+    # typeshed also allows other families' int host, hence the str().
+    return [str(info[4][0]) for info in infos]
 
 
 async def vetted_address(host: str, port: int, resolver: Resolver,

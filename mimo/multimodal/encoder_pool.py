@@ -19,6 +19,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 import torch
@@ -98,7 +100,8 @@ class EncoderPool:
         self.names = [f"encoder-{i}" for i in range(workers)]
         self.ring = ConsistentHashRing(self.names)
         self.restarts = 0
-        self._conns, self._procs = {}, {}
+        self._conns: dict[str, Connection] = {}
+        self._procs: dict[str, BaseProcess] = {}
         self._locks = {w: threading.Lock() for w in self.names}
         for w in self.names:
             self._spawn(w)

@@ -42,8 +42,8 @@ def decode_image(data: bytes, max_pixels: int) -> np.ndarray:
                                     f"{max_pixels}")
             try:
                 im.load()
-                im = ImageOps.exif_transpose(im)
-                return np.asarray(_to_rgb(im))
+                upright = ImageOps.exif_transpose(im)
+                return np.asarray(_to_rgb(upright))
             except Image.DecompressionBombError as e:
                 raise MediaTooLarge(f"image too large: {e}") from None
             except (OSError, SyntaxError, ValueError, EOFError) as e:

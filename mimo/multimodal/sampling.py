@@ -48,8 +48,8 @@ def smart_nframes(total_frames: int, video_fps: float, *, fps: float = FPS,
             raise MediaDecodeError(f"video reports a frame rate of {video_fps}")
         lo = ceil_by_factor(min_frames, frame_factor)
         hi = floor_by_factor(min(max_frames, total_frames), frame_factor)
-        n = total_frames / video_fps * fps
-        n = floor_by_factor(min(max(n, lo), hi, total_frames), frame_factor)
+        wanted = total_frames / video_fps * fps
+        n = floor_by_factor(min(max(wanted, lo), hi, total_frames), frame_factor)
     if not frame_factor <= n <= total_frames:
         raise MediaDecodeError(f"cannot sample {n} frames from a video of {total_frames} "
                                f"frames (at least {frame_factor} are needed)")

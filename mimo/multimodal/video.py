@@ -136,6 +136,7 @@ def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int =
     rate = Fraction(info.fps).limit_denominator(1_000_000)
     with _open(data) as c:
         s = c.streams[info.stream_index]
+        assert isinstance(s, av.VideoStream), "probe() chose stream_index among video streams"
         s.thread_type = "AUTO" if threads > 1 else "SLICE"
         s.codec_context.thread_count = threads
         try:

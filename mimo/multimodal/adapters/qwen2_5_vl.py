@@ -38,6 +38,13 @@ def _grid_positions(start: int, grid: Sequence[int], merge: int, interval: float
     return pos.reshape(3, -1) + start
 
 
+def pad_tokens(vision: VisionConfig) -> tuple[int, int]:
+    """The image and video placeholder ids, which every config of this family names."""
+    if vision.image_token_id is None or vision.video_token_id is None:
+        raise ConfigError("a qwen2_5_vl vision config needs image_token_id and video_token_id")
+    return vision.image_token_id, vision.video_token_id
+
+
 def get_rope_index(input_ids: Sequence[int], vision: VisionConfig,
                    image_grid_thw: Sequence[Sequence[int]] | torch.Tensor | None = None,
                    video_grid_thw: Sequence[Sequence[int]] | torch.Tensor | None = None,
@@ -54,8 +61,9 @@ def get_rope_index(input_ids: Sequence[int], vision: VisionConfig,
     ids = [int(t) for t in input_ids]
     n = len(ids)
     merge = vision.spatial_merge_size
-    grids = {vision.image_token_id: list(image_grid_thw) if image_grid_thw is not None else [],
-             vision.video_token_id: list(video_grid_thw) if video_grid_thw is not None else []}
+    image_pad, video_pad = pad_tokens(vision)
+    grids = {image_pad: list(image_grid_thw) if image_grid_thw is not None else [],
+             video_pad: list(video_grid_thw) if video_grid_thw is not None else []}
     used = dict.fromkeys(grids, 0)
     secs = list(second_per_grid_ts) if second_per_grid_ts is not None else []
     parts: list[torch.Tensor] = []
@@ -72,7 +80,7 @@ def get_rope_index(input_ids: Sequence[int], vision: VisionConfig,
             i = j
             continue
         tok = ids[i]
-        kind = "image" if tok == vision.image_token_id else "video"
+        kind = "image" if tok == image_pad else "video"
         k = used[tok]
         if k >= len(grids[tok]):
             raise ValueError(f"more {kind} placeholders than {kind} grids")
@@ -107,13 +115,18 @@ class Qwen2_5_VLAdapter(VisionAdapter):
         return tok(v.vision_start_token_id) + tok(self.pad_token(kind)) + tok(v.vision_end_token_id)
 
     def pad_token(self, kind: str) -> int:
-        return self.vision.image_token_id if kind == "image" else self.vision.video_token_id
+        image_pad, video_pad = pad_tokens(self.vision)
+        return image_pad if kind == "image" else video_pad
 
     def rope_index(self, prompt_ids: Sequence[int], media: Sequence[PreprocessedMedia]
                    ) -> tuple[torch.Tensor, int]:
         grids = {k: [list(m.patches.grid_thw) for m in media if m.kind == k]
                  for k in ("image", "video")}
-        secs = [m.second_per_grid for m in media if m.kind == "video"]
+        secs: list[float] = []
+        for m in media:
+            if m.kind == "video":
+                assert m.second_per_grid is not None, "preprocessing times every video's grid"
+                secs.append(m.second_per_grid)
         return get_rope_index(prompt_ids, self.vision, grids["image"] or None,
                               grids["video"] or None, secs or None)
 
@@ -151,6 +164,6 @@ def build_mm_prompt(prompt_ids: Sequence[int], vision: VisionConfig,
     the model tests build one against transformers."""
     positions, delta = get_rope_index(prompt_ids, vision, image_grid_thw, video_grid_thw,
                                       second_per_grid_ts)
+    image_pad, video_pad = pad_tokens(vision)
     return MMPrompt.assemble(prompt_ids, positions, delta,
-                             {vision.image_token_id: list(image_embeds),
-                              vision.video_token_id: list(video_embeds)})
+                             {image_pad: list(image_embeds), video_pad: list(video_embeds)})
