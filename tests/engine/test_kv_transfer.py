@@ -150,3 +150,21 @@ def test_waiting_import_can_be_aborted(models):
     dec.engine.abort(seq)
     assert not dec.engine.has_work() and seq.finish_reason == "abort"
     dec.engine.check_integrity()
+
+
+def test_payload_too_big_for_an_empty_pool_is_recomputed(models):
+    """An import that could never be placed, even with the engine otherwise idle (forced
+    here: the admission checks say no), is recomputed instead of waiting forever."""
+    loaded, vocab = models["gemma3"]
+    pre = _llm(loaded, True)
+    dec = _llm(loaded, True)
+    ids = random_prompts(11, [40], vocab)[0]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    ref = _llm(loaded, True).generate({"prompt_token_ids": ids}, params)[0].token_ids
+    first, payload = _prefill(pre.engine, ids)
+    tr = dec.engine.transfers
+    tr._placeable = lambda payload: False       # type: ignore[method-assign]
+    tr._fits = lambda seq, payload: False       # type: ignore[method-assign]
+    seq = _decode(dec.engine, ids, params, payload, first)
+    assert seq.output_ids == ref and tr.recomputed == 1 and tr.imported == 0
+    dec.engine.check_integrity()
