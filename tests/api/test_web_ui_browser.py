@@ -30,12 +30,15 @@ def _browser_path() -> str | None:
     return next((p for p in map(shutil.which, BROWSERS) if p), None)
 
 
+# Decided at collection, so that no server starts for a test that cannot run.
+pytestmark = pytest.mark.skipif(
+    _browser_path() is None, reason="no Chromium found (tried $MIMO_CHROMIUM and " +
+    ", ".join(BROWSERS) + " on PATH): apt-get install chromium")
+
+
 @pytest.fixture(scope="module")
 def browser():
     path = _browser_path()
-    if path is None:
-        pytest.skip("no Chromium found (tried $MIMO_CHROMIUM and " + ", ".join(BROWSERS) +
-                    " on PATH): apt-get install chromium")
     from playwright.sync_api import sync_playwright
     expect.set_options(timeout=60_000)
     with sync_playwright() as p:
