@@ -8,8 +8,9 @@ Two ways to send a session:
   new tokens. A completion has no tool calls, so nothing marks the session paused.
 - `chat` (/v1/chat/completions with one tool): every turn but the last forces a call
   (tool_choice "required"), which the next turn sends back with a tool message holding the
-  result; the last turn answers (tool_choice "none"). What a server does with a session
-  paused in a tool call shows here.
+  result; the last turn may answer (tool_choice "auto": "none" would drop the tool list from
+  the rendered prompt, so nothing after BOS would match). What a server does with a
+  session paused in a tool call shows here.
 Each turn records prompt, cached (usage, or llama-server's timings.cache_n) and output
 tokens and its time to first token.
 """
@@ -143,7 +144,7 @@ class Replayer:
                             "content": text_of(self.seed, (s.sid, k), t.new_tokens)})
         last = t.pause_s is None
         body = {"model": self.model, "messages": history, "tools": [TOOL],
-                "tool_choice": "none" if last else "required",
+                "tool_choice": "auto" if last else "required",
                 "max_tokens": t.output_tokens if last else max(t.output_tokens, 48),
                 "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         rec, calls = await self._stream("/v1/chat/completions", body)
