@@ -37,7 +37,7 @@ class DecodeGenerate(Generate):
         self.client = client
         self.recomputed = 0         # requests run here whole after a failed transfer
 
-    async def process(self, req: ChatRequest, upstream=None):  # type: ignore[override]
+    async def process(self, req: ChatRequest, upstream=None):
         url = req.prefill_url
         if url is None or req.mm_prompt is not None:
             async for g in super().process(req):

@@ -7,7 +7,7 @@ import inspect
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import PipelineError, StageError
 from .request import Request, StageTiming
@@ -73,8 +73,14 @@ class Stage:
             self.max_concurrency = max_concurrency
 
     # ---- the contract -----------------------------------------------------------------
-    async def process(self, req: Request) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must define process()")
+    if TYPE_CHECKING:
+        # Each stage narrows the request to its pipeline's Request subclass, and may take
+        # `upstream` and be an async generator (see above); Pipeline checks the shape when
+        # it is built. To the type checker it is any callable.
+        process: Callable[..., Any]
+    else:
+        async def process(self, req: Request) -> Any:
+            raise NotImplementedError(f"{type(self).__name__} must define process()")
 
     async def close(self) -> None:
         """Release what the stage owns (background tasks, pools). Pipeline.close calls it."""
@@ -169,4 +175,4 @@ class FunctionStage(Stage):
                             "loop (wrap blocking work in asyncio.to_thread)")
         super().__init__(name or getattr(fn, "__name__", "function"),
                          max_concurrency=max_concurrency)
-        self.process = fn   # type: ignore[method-assign]
+        self.process = fn

@@ -177,7 +177,7 @@ class Done:
     failed attempt): closes the worker's response and takes it out of the in-flight count."""
     def __init__(self, router: Router, d: Decision):
         self.r, self.d = router, d
-        self.resp = None
+        self.resp: httpx.Response | None = None
         self.streaming = False
         self._done = False
 

@@ -385,7 +385,7 @@ class Router:
             if keys:
                 full_ok = pages[c.url].full if c.url in pages else []
                 m = next((i for i, ok in enumerate(full_ok) if not ok), len(full_ok))
-                swa = set()
+                swa: set[int] = set()
                 if hb.mode == "hybrid":
                     for end in {len(keys), m}:
                         swa.update(window_pages(end * hb.page_size, hb.window, hb.page_size))

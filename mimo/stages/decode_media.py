@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from ..multimodal.config import MediaConfig
 from ..multimodal.decoded import DecodedMedia
 from ..multimodal.embed_cache import content_digest
 from ..multimodal.image import ImageDecoder
-from ..multimodal.video import VideoDecoder
+from ..multimodal.item import MediaItem
+from ..multimodal.video import DecodedVideo, VideoDecoder
 from ..pipeline import Stage
 from .chat_request import ChatRequest
 from .media_items import gather_items
@@ -31,16 +34,17 @@ class DecodeMedia(Stage):
         blobs = req.fetched
 
         async def one(i, it):
-            if it.kind == "image":
-                pixels = self.images.decode(blobs[i])
-            else:
-                pixels = self.videos.decode(blobs[i], stream=it.stream, fps=it.fps,
-                                            max_frames=it.max_frames, nframes=it.nframes)
             # Hashing a large video takes a while: beside the decode, off the loop.
-            px, digest = await asyncio.gather(pixels, asyncio.to_thread(content_digest,
-                                                                        blobs[i]))
+            px, digest = await asyncio.gather(self._pixels(blobs[i], it),
+                                              asyncio.to_thread(content_digest, blobs[i]))
             return DecodedMedia(it.kind, px, digest)
         req.decoded = await gather_items(req.media, one)
+
+    async def _pixels(self, blob: bytes, it: MediaItem) -> np.ndarray | DecodedVideo:
+        if it.kind == "image":
+            return await self.images.decode(blob)
+        return await self.videos.decode(blob, stream=it.stream, fps=it.fps,
+                                        max_frames=it.max_frames, nframes=it.nframes)
 
     async def close(self) -> None:
         if self._own[0]:

@@ -66,7 +66,7 @@ class EncodeStage(BatchStage):
     forward (a request larger than it runs alone)."""
     name = "encode"
     max_batch_size = 64
-    max_batch_cost = 16384
+    max_batch_cost: float = 16384
     max_wait_ms = 2.0
 
     def __init__(self, encoder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], *,
@@ -174,7 +174,7 @@ class EncodeStage(BatchStage):
             keys = _keys(reqs[i]) if self.cache is not None else [None] * len(items)
             out[i] = []
             for j, (item, key) in enumerate(zip(items, keys)):
-                hit = self.cache.get(key) if key is not None else None
+                hit = self.cache.get(key) if self.cache is not None and key is not None else None
                 out[i].append(hit)
                 if hit is None:
                     todo.setdefault(key if key is not None else (i, j), item)

@@ -17,6 +17,7 @@ from ..multimodal.embed_cache import digest_key
 from ..multimodal.item import MediaItem
 from ..multimodal.preprocess import Patches, ProcessorSettings, preprocess_images, preprocess_video
 from ..multimodal.preprocessed import PreprocessedMedia
+from ..multimodal.video import DecodedVideo
 from ..pipeline import Stage
 from .chat_request import ChatRequest
 
@@ -45,6 +46,7 @@ class Preprocess(Stage):
             spg = None
             if it.kind == "video":
                 v = decoded[i].pixels
+                assert isinstance(v, DecodedVideo), "decode_media makes a DecodedVideo per video"
                 patches[i] = preprocess_video(v.frames, s, self.device)
                 spg = s.temporal_patch_size / v.sample_fps
             out.append(PreprocessedMedia(it.kind, digest_key(decoded[i].digest, fp,
