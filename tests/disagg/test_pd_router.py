@@ -56,6 +56,24 @@ class _PoolsAt(ServerProcess):
         self.url = url
 
 
+def _kill_decode_mid_stream(url: str, model: str, decoders: dict):
+    """Stream a long chat through the router, SIGKILL the decode worker serving it after its
+    first event; (that worker, the SSE data lines the client received)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "a long one " * 20}],
+            "temperature": 0, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+    events, victim = [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(line)
+            if victim is None:
+                victim = decoders[r.headers["x-mimo-worker"]]
+                victim.kill()
+    return victim, events
+
+
 def _received(w) -> dict:
     return httpx.get(w.url + "/v1/internal/kv_transfers", timeout=10).json()["received"]
 
@@ -96,13 +114,20 @@ def test_router_pairs_prefill_and_decode(tiny_mimo_dir):
         for t in ts:
             t.join(300)
         assert sorted(seen) == sorted([d1.url, d2.url]), seen
+        # A decode worker dies mid-stream: that client gets one clean error event (no
+        # [DONE]); the next request is answered by the other decode worker.
+        victim, events = _kill_decode_mid_stream(rt.url, model, {d1.url: d1, d2.url: d2})
+        assert sum('"error"' in e for e in events) == 1 and "[DONE]" not in events[-1]
+        survivor = d2 if victim is d1 else d1
+        got4, _, h4 = _chat(rt.url, model, text, stream=True)
+        assert got4 == ref and h4["x-mimo-worker"] == survivor.url
+        _PoolsAt(pre.url).assert_pools_idle()
         # The prefill worker dies: the answer stays the same (recomputed on a decode worker,
         # or sent whole once the router sees it down).
         pre.kill()
         got3, usage3, _ = _chat(rt.url, model, text, stream=True)
         assert got3 == ref and usage3.completion_tokens == 16
-        for w in (d1, d2):
-            _PoolsAt(w.url).assert_pools_idle()
+        _PoolsAt(survivor.url).assert_pools_idle()
     finally:
         for p in (rt, ref_worker, *procs):
             if p is not None:
