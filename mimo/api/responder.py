@@ -233,19 +233,9 @@ class Responder:
                 now = time.perf_counter()
                 self.s.metrics.itl.observe(now - last)
                 last = now
-                ch = choices[i]
-                events = ch.feed(item)
-                lps = item.logprobs if spec.choices.logprobs is not None else []
-                if kind == "chat":
-                    delta = ch.chat_delta(events)
-                    finish = ch.finish_reason if item.finish_reason else None
-                    if delta or finish or lps:
-                        yield event({"index": i, "delta": delta, "finish_reason": finish,
-                                     "logprobs": ch.chat_logprobs(lps) if lps else None})
-                elif item.text or item.finish_reason or lps:
-                    yield event({"index": i, "text": item.text,
-                                 "finish_reason": item.finish_reason,
-                                 "logprobs": ch.completion_logprobs(lps) if lps else None})
+                choice = _chunk_choice(kind, spec, choices[i], i, item)
+                if choice is not None:
+                    yield event(choice)
             if spec.include_usage:
                 yield _event({**head, "choices": [], "usage": self._usage(runs)})
             status = "200"
@@ -273,6 +263,23 @@ class Responder:
                 status = "499"
             self.s.metrics.requests.labels(endpoint, status).inc()
             self.s.metrics.e2e.observe(time.perf_counter() - runs[0].t0)
+
+
+def _chunk_choice(kind: str, spec: GenerationSpec, ch, i: int, item) -> dict | None:
+    """The stream chunk's choice for one engine output of choice i; None when it says nothing."""
+    events = ch.feed(item)
+    lps = item.logprobs if spec.choices.logprobs is not None else []
+    if kind == "chat":
+        delta = ch.chat_delta(events)
+        finish = ch.finish_reason if item.finish_reason else None
+        if delta or finish or lps:
+            return {"index": i, "delta": delta, "finish_reason": finish,
+                    "logprobs": ch.chat_logprobs(lps) if lps else None}
+        return None
+    if item.text or item.finish_reason or lps:
+        return {"index": i, "text": item.text, "finish_reason": item.finish_reason,
+                "logprobs": ch.completion_logprobs(lps) if lps else None}
+    return None
 
 
 async def unless_disconnected(request, awaitable):
