@@ -5,8 +5,8 @@ An agent turn that ends in a tool call comes back seconds to minutes later with 
 sequence plus the tool's output. Plain LRU makes those paused sessions the first to lose
 their window under pressure: they are idle while other sessions run. `hold` stamps the
 cached path of the paused sequence PAUSED ticks younger (whole nodes: the path's leaf goes
-last; SWA: the window before its end and the path's other firm windows go last), above
-sessions with a prompt_cache_key (PROTECTED) and far above speculative windows, so eviction order is:
+last; SWA: the window before its end goes last), above sessions with a prompt_cache_key
+(PROTECTED) and far above speculative windows, so eviction order is:
 speculative windows < keyless firm ones < finished sessions < paused sessions.
 The stamp lasts `seconds` of the tree's `clock`; then (checked before every eviction) the
 path's nodes still carrying it get their plain time back, the tick of the hold (a session's
@@ -57,16 +57,7 @@ class HoldMixin(LockMixin):          # LockMixin builds on EvictMixin, on TreeCo
                 self._push_leaf(n)
             n = n.parent
         if self.hybrid:
-            # The window before the end, and the path's other firm windows (the prompt end:
-            # where the next turn resumes when it renders the call otherwise than the model
-            # wrote it); speculative ones (times below 0) stay as they are.
-            held = {id(w): w for w, _ in self._window(end)}
-            n = end
-            while n is not None and n.parent is not None:
-                if n.swa_time >= 0 and n.swa and any(x >= 0 for x in n.swa):
-                    held[id(n)] = n
-                n = n.parent
-            for w in held.values():
+            for w in {id(w): w for w, _ in self._window(end)}.values():
                 if w.swa_time < stamp:
                     w.swa_time = stamp
                     self._push_swa(w)

@@ -167,29 +167,3 @@ def test_the_engine_holds_a_finished_request_and_releases_after_the_flag_s_time(
     tree.evict(full=per_prompt)
     eng.check_integrity()
     assert tree.peek(prompts[0][:-1]) == 0
-
-
-@pytest.mark.parametrize("held", [True, False])
-def test_a_paused_session_keeps_its_prompt_end_window_too(held):
-    """An agent's next turn often renders the call otherwise than the model wrote it, so it
-    resumes at the previous prompt's end: that interior window is held as well."""
-    # Windows at the prompt and output ends; rebuild on, so SWA pressure frees windows
-    # alone (see the test above).
-    tree = tree_with_clock(RetentionPolicy(), rebuild=W)
-    fa, sa = tree.full_alloc, tree.swa_alloc
-    p, k = seqs(2, 32)
-    for toks in (p, k):                                 # p is the older
-        m = tree.match(toks)
-        res = tree.insert(toks, fa.alloc(8), sa.alloc(8), prompt_len=24)
-        fa.free(res.dup_full)
-        sa.free(res.dup_swa)
-        check(tree)
-        if held and toks is p:
-            tree.hold(toks, seconds=60.0)
-        assert m.length == 0
-    resumed = [t[:24] + [7] * 8 for t in (p, k)]        # diverges right after the prompt
-    assert [tree.peek(t, rebuild=0) for t in resumed] == [24, 24]
-    tree.evict(swa=4)                                   # one session's prompt-end windows
-    check(tree)
-    got = [tree.peek(t, rebuild=0) for t in resumed]
-    assert got == ([24, 0] if held else [0, 24]), got
