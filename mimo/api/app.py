@@ -162,6 +162,7 @@ class Server:
     async def _constraint(self, spec: schemas.GenerationSpec):
         """Compile the spec's grammar (off the loop: the first one builds the vocabulary)."""
         g = spec.grammar
+        assert g is not None, "asked only for a spec with a grammar"
         info = self.info
         param = "response_format" if spec.json_mode else "tools"
 

@@ -75,11 +75,11 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
     if sample and params.seed is not None:
         params = dataclasses.replace(params, seed=(params.seed + sample) % 2**64)
     tools = spec.tools
-    active = tools is not None and tools.active
     return ChatRequest(params=params, messages=spec.messages, text=spec.prompt,
                        token_ids=spec.prompt_ids, stop=spec.stop, media=spec.media,
                        fit_max_tokens=spec.fit_max_tokens,
-                       tools=tools.template_tools() if active else None,
+                       tools=tools.template_tools() if tools is not None and tools.active
+                       else None,
                        keep_special=keep_special, cache=spec.cache)
 
 
@@ -91,11 +91,14 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
     media = media or MediaConfig()
     adapter: VisionAdapter | None = info.vision
     generate = generate or Generate(engine)
-    limits = dict(name="chat", max_in_flight=cfg.max_in_flight, max_queued=cfg.max_queued)
+
+    def pipeline(stages: list[Stage]) -> Pipeline:
+        return Pipeline(stages, name="chat", max_in_flight=cfg.max_in_flight,
+                        max_queued=cfg.max_queued)
     if adapter is None:
         prompt = BuildPrompt(info.tokenizer, info.arch)
-        stages = [prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]
-        return ChatPipeline(Pipeline(stages, **limits), None, None, prompt)
+        return ChatPipeline(pipeline([prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]),
+                            None, None, prompt)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
     cache, pool = None, None
     if cfg.encoder_workers == 1:
@@ -110,4 +113,4 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
     prompt = BuildPrompt(info.tokenizer, info.arch, adapter)
     stages = [Fetch(media), DecodeMedia(media), Preprocess(settings, info.device), encode,
               prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]
-    return ChatPipeline(Pipeline(stages, **limits), encode, cache, prompt)
+    return ChatPipeline(pipeline(stages), encode, cache, prompt)

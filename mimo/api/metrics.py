@@ -71,7 +71,8 @@ class Metrics:
                                      "Draft tokens accepted, by position", ["position"], registry=r)
         self.spec_mal = Gauge("mimo_spec_mean_acceptance_length",
                               "Tokens per speculative verify step since start", registry=r)
-        self._spec_seen = None      # engine totals at the last observation (counters take deltas)
+        # engine totals at the last observation (counters take deltas)
+        self._spec_seen: tuple[int, int, list[int], list[int]] | None = None
         self.queue_wait = Histogram("mimo_queue_wait_seconds", "Time from arrival to admission",
                                     buckets=_LAT, registry=r)
         self.queue_wait_max = Gauge("mimo_queue_wait_max_seconds",

@@ -13,7 +13,9 @@ import contextlib
 import json
 import time
 import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,7 +39,7 @@ class ClientGone(Exception):
 @dataclass
 class Run:
     req: ChatRequest
-    stream: object              # the pipeline's async iterator of TextDelta
+    stream: AsyncGenerator[Any, None]   # the pipeline's stream of TextDelta
     first: object               # its first item (None: it ended with nothing)
     t0: float = 0.0             # when the request was started (perf_counter)
 
@@ -70,8 +72,8 @@ class Responder:
                 if bad:
                     raise bad[0]
         except BaseException:
-            for r in runs:
-                await r.stream.aclose()
+            for run in runs:
+                await run.stream.aclose()
             raise
         return runs
 

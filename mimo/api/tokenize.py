@@ -37,8 +37,9 @@ _CHAT_ONLY = frozenset({"messages", "add_generation_prompt", "continue_final_mes
 _CHAT = (_TEXT - {"prompt"}) | _CHAT_ONLY
 _DETOKENIZE = frozenset({"model", "tokens"})
 # Chat fields that can only be left at these values here.
-_DEFAULT_ONLY = {"continue_final_message": (None, False), "chat_template": (None,),
-                 "chat_template_kwargs": (None, {}), "mm_processor_kwargs": (None, {})}
+_DEFAULT_ONLY: dict[str, tuple[object, ...]] = {
+    "continue_final_message": (None, False), "chat_template": (None,),
+    "chat_template_kwargs": (None, {}), "mm_processor_kwargs": (None, {})}
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from .admission import Admission
@@ -88,7 +88,7 @@ class Pipeline:
         await _wait_or_cancel(req, task)
         return _outcome(req, task)
 
-    async def stream(self, req: Request) -> AsyncIterator[Any]:
+    async def stream(self, req: Request) -> AsyncGenerator[Any, None]:
         """Async generator of the request's items. Stopping early (break, `aclose()`, the
         consumer's task cancelled) cancels the request and closes every stage's stream;
         prefer `contextlib.aclosing(p.stream(req))` so that happens at once, not at garbage

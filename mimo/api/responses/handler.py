@@ -230,8 +230,11 @@ class _Turn:
     def _feed(self, item) -> list[dict]:
         p = self.choice.parser
         before = p.mode if p is not None else "content"
-        lps = self.choice.chat_logprobs(item.logprobs)["content"] if self.req.logprobs \
-            else None
+        lps = None
+        if self.req.logprobs:
+            chat = self.choice.chat_logprobs(item.logprobs)
+            assert chat is not None, "a logprobs request's chat spec asks for logprobs"
+            lps = chat["content"]
         events = self.builder.feed(self.choice.feed(item), lps)
         if p is not None and "reasoning" in (before, p.mode):
             self.reasoning_tokens += len(item.token_ids)

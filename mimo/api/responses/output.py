@@ -58,6 +58,7 @@ class OutputBuilder:
 
     # ---- items --------------------------------------------------------------------------
     def _where(self) -> dict:
+        assert self.open is not None, "events are placed only while an item is open"
         return {"item_id": self.open["id"], "output_index": len(self.items) - 1}
 
     def _start(self, kind: str) -> list[dict]:
