@@ -29,7 +29,7 @@ class Admission:
         self.max_queued = max_queued
         self.timeout = timeout
         self.in_flight = 0
-        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._waiters: collections.deque[asyncio.Future[object]] = collections.deque()
 
     @property
     def queued(self) -> int:
@@ -71,12 +71,12 @@ class Admission:
         self.in_flight -= 1
         assert self.in_flight >= 0, "Admission released more often than acquired"
 
-    def _expire(self, fut: asyncio.Future) -> None:
+    def _expire(self, fut: asyncio.Future[object]) -> None:
         if not fut.done():
             self._discard(fut)
             fut.set_result(_TIMED_OUT)
 
-    def _discard(self, fut: asyncio.Future) -> None:
+    def _discard(self, fut: asyncio.Future[object]) -> None:
         try:
             self._waiters.remove(fut)
         except ValueError:

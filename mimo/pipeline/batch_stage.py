@@ -18,7 +18,7 @@ log = logging.getLogger("mimo.pipeline")
 @dataclass(eq=False)
 class _Item:
     req: Request
-    fut: asyncio.Future
+    fut: asyncio.Future[Any]
     cost: float
     enqueued: float                 # loop.time()
     started: float | None = None    # loop.time() when its batch began processing
@@ -33,7 +33,7 @@ class _Item:
 class _Wakeup:
     """A one-shot, task-free wakeup for the collector: set by submitters, awaited with an
     optional timeout (no wait_for, which would make a task per wait)."""
-    waiter: asyncio.Future | None = field(default=None)
+    waiter: asyncio.Future[None] | None = field(default=None)
 
     def set(self) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -52,7 +52,7 @@ class _Wakeup:
                 timer.cancel()
 
 
-def _resolve(fut: asyncio.Future) -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
@@ -120,11 +120,11 @@ class BatchStage(Stage):
         self._loop = loop
         self._queue: collections.deque[_Item] = collections.deque()
         self._wakeup = _Wakeup()
-        self._batches: set[asyncio.Task] = set()
+        self._batches: set[asyncio.Task[Any]] = set()
         self._collector = loop.create_task(self._collect(), name=f"{self.name}-collector")
         self._collector.add_done_callback(self._collector_done)
 
-    def _collector_done(self, task: asyncio.Task) -> None:
+    def _collector_done(self, task: asyncio.Task[Any]) -> None:
         # Only close() should end the collector. If a bug ends it, fail the queued requests
         # and every later one, rather than leave callers waiting forever.
         if task.cancelled() or task.exception() is None:
@@ -271,7 +271,7 @@ class BatchStage(Stage):
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _fail(fut: asyncio.Future, exc: BaseException) -> None:
+def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
     if fut.done():
         return
     if not isinstance(exc, Exception) or isinstance(exc, StopIteration):

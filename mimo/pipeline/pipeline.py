@@ -93,7 +93,7 @@ class Pipeline:
         consumer's task cancelled) cancels the request and closes every stage's stream;
         prefer `contextlib.aclosing(p.stream(req))` so that happens at once, not at garbage
         collection."""
-        items: asyncio.Queue = asyncio.Queue()            # unbounded: _END always fits
+        items: asyncio.Queue[Any] = asyncio.Queue()            # unbounded: _END always fits
         room = asyncio.Semaphore(self.stream_buffer)      # the bound on buffered items
 
         async def emit(item: Any) -> None:
@@ -113,7 +113,7 @@ class Pipeline:
                 await asyncio.wait((task,))
 
     def _start(self, req: Request, emit: Callable[[Any], Awaitable[None]] | None
-               ) -> asyncio.Task:
+               ) -> asyncio.Task[Any]:
         if self._closed:
             raise PipelineClosed(f"pipeline {self.name!r} is closed")
         if req.running:
@@ -136,7 +136,7 @@ class Pipeline:
         return task
 
     def _finished(self, req: Request, timer: asyncio.TimerHandle | None,
-                  task: asyncio.Task) -> None:
+                  task: asyncio.Task[Any]) -> None:
         if timer is not None:
             timer.cancel()
         self._running.discard(req)
@@ -212,7 +212,7 @@ class Pipeline:
         await self.close()
 
 
-async def _wait_or_cancel(req: Request, task: asyncio.Task) -> None:
+async def _wait_or_cancel(req: Request, task: asyncio.Task[Any]) -> None:
     """Wait for the request's task. If the caller is cancelled meanwhile, cancel the request
     and wait for every stage to unwind (slots released) before re-raising."""
     try:
@@ -223,7 +223,7 @@ async def _wait_or_cancel(req: Request, task: asyncio.Task) -> None:
         raise
 
 
-def _outcome(req: Request, task: asyncio.Task) -> Any:
+def _outcome(req: Request, task: asyncio.Task[Any]) -> Any:
     """The finished task's result, or the request's error (always a PipelineError)."""
     if task.cancelled():
         raise req.cancel_error or RequestCancelled("cancelled")

@@ -57,7 +57,7 @@ class Request:
     _cancel_error: RequestCancelled | PipelineError | None = field(
         default=None, init=False, repr=False)
     # The pipeline task running this request (at most one at a time).
-    _task: asyncio.Task | None = field(default=None, init=False, repr=False)
+    _task: asyncio.Task[Any] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def with_timeout(cls, seconds: float, **fields: Any) -> Request:

@@ -6,7 +6,7 @@ import contextlib
 import inspect
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .errors import PipelineError, StageError
@@ -25,7 +25,7 @@ def tag(err: PipelineError, stage: str) -> PipelineError:
 
 
 @contextlib.contextmanager
-def stage_errors(stage: str):
+def stage_errors(stage: str) -> Iterator[None]:
     """The one rule for what escapes a stage: PipelineErrors keep their type (tagged with
     the stage), any other Exception becomes StageError. Cancellation (a BaseException)
     passes through untouched."""
@@ -91,7 +91,8 @@ class Stage:
         d = self.__dict__
         if "_streams" not in d:
             d["_streams"] = inspect.isasyncgenfunction(self.process)
-        return d["_streams"]
+        streams: bool = d["_streams"]
+        return streams
 
     def accepts_upstream(self) -> bool:
         """True when `process` can be called as process(req, upstream)."""
