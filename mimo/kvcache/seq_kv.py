@@ -17,7 +17,7 @@ class SeqKV:
     node: object = None        # prefix-cache node this request holds a lock on (or None)
     # Logical pages whose SWA a prefix cache wants offered when the request is inserted
     # (its retention checkpoints): window release holds them instead of freeing them.
-    keep_swa: frozenset = frozenset()
+    keep_swa: frozenset[int] = frozenset()
     branch_len: int = 0        # where the request left the cached path at admission
     namespace: object = None   # its prefix-cache key space (None: plain token ids)
     protect: bool = False      # a session's (prompt_cache_key): what it leaves evicted last
