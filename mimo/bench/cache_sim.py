@@ -7,18 +7,15 @@ trace's ideal hit rate with unlimited memory. Policies: the retention policies o
 `mimo.kvcache.retention.POLICIES` (hybrid layout: SWA layers in their own pool; `hybrid`
 caches prompts, `hybrid-output` prompts and outputs), `full-kv` (every layer in one pool,
 every cached prefix reusable, whole sequences cached as a plain radix cache does: the
-pre-SWA-aware baseline) and `off`. `--no-output-cache` caches prompts only under every
-policy, the baseline included. `--bound-baseline` adds full-kv runs at `bound` times each
-budget (`bound` as in `kv-capacity` at --bound-context): SWA's capacity gain carried into hit rate means the
-hybrid policy at B comes close to full-kv at bound x B.
+pre-SWA-aware baseline) and `off`. `--no-output-cache`: prompts only, under every policy.
+`--bound-baseline` adds full-kv runs at `bound` (as in `kv-capacity`) times each budget.
 
 `--l2-budget` and `--l3-budget` add host memory (L2, write-back of what L1 evicts) and storage
 (L3, write-through) below L1 for the hybrid policies and full-kv (`mimo.kvcache.tier_sim`):
 hit rate by tier, bytes moved per reused token, bytes written per tier and the age of the
 prefixes hit. `--tier-scale` sweeps all three budgets together, for `--plot`.
 
-Replays run in parallel processes (--jobs). Progress goes to stderr; the last line on
-stdout is one JSON object.
+Replays run in parallel processes (--jobs); progress on stderr, one JSON line last.
 """
 from __future__ import annotations
 
