@@ -3,11 +3,9 @@
 Replays a Mooncake-format trace through the real radix tree and page allocators, no model
 (`mimo.kvcache.cache_sim` says how requests become tokens). Per policy and budget it
 reports the token-weighted hit rate (cached prompt tokens / prompt tokens); alongside, the
-trace's ideal hit rate with unlimited memory. Policies: the retention policies of
-`mimo.kvcache.retention.POLICIES` (hybrid layout: SWA layers in their own pool; `hybrid`
-caches prompts, `hybrid-output` prompts and outputs), `full-kv` (every layer in one pool,
-every cached prefix reusable, whole sequences cached as a plain radix cache does: the
-pre-SWA-aware baseline) and `off`. `--no-output-cache`: prompts only, under every policy.
+trace's ideal hit rate with unlimited memory. Policies: the retention policies (hybrid
+layout), `full-kv` (every layer in one pool, whole sequences cached as a plain radix cache
+does: the pre-SWA-aware baseline) and `off`. `--no-output-cache`: prompts only, under every policy.
 `--bound-baseline` adds full-kv runs at `bound` (as in `kv-capacity`) times each budget.
 
 `--l2-budget` and `--l3-budget` add host memory (L2, write-back of what L1 evicts) and storage
