@@ -172,7 +172,7 @@ def run(args) -> int:
     sessions = synthetic(spec)
     reqs = None
     if Path(args.trace).is_file():
-        from ..kvcache.cache_sim import load_trace
+        from .sim_cache import load_trace
         reqs = load_trace(args.trace)
     else:
         _log(f"no Mooncake trace at {args.trace}: synthetic sessions only")

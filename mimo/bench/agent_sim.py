@@ -1,5 +1,5 @@
 """The model-free half of `bench agent`: agent sessions through the real radix tree at a real
-model's KV shapes (`mimo.kvcache.cache_sim.CacheSim`), with sessions paused in a tool call
+model's KV shapes (`mimo.bench.sim_cache.CacheSim`), with sessions paused in a tool call
 held (`--tool-pause-hold`) or not, per KV budget.
 
 Synthetic sessions run on the virtual clock of a closed loop (`agent_trace.closed_loop`);
@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 from array import array
 
-from ..kvcache.cache_sim import CacheSim, prompt_tokens
 from ..kvcache.layout import shape_layout
 from .agent_trace import Session, closed_loop, mooncake_chains
+from .sim_cache import CacheSim, prompt_tokens
 
 
 def _rate(hit: int, tot: int) -> float | None:

@@ -1,7 +1,7 @@
 """cache-sim: prefix-cache hit rate of a request trace, per retention policy and KV budget.
 
 Replays a Mooncake-format trace through the real radix tree and page allocators, no model
-(`mimo.kvcache.cache_sim` says how requests become tokens). Per policy and budget it
+(`mimo.bench.sim_cache` says how requests become tokens). Per policy and budget it
 reports the token-weighted hit rate (cached prompt tokens / prompt tokens); alongside, the
 trace's ideal hit rate with unlimited memory. Policies: the retention policies (hybrid
 layout), `full-kv` (every layer in one pool, whole sequences cached as a plain radix cache
@@ -9,7 +9,7 @@ does: the pre-SWA-aware baseline) and `off`. `--no-output-cache`: prompts only, 
 `--bound-baseline` adds full-kv runs at `bound` (as in `kv-capacity`) times each budget.
 
 `--l2-budget` and `--l3-budget` add host memory (L2, write-back of what L1 evicts) and storage
-(L3, write-through) below L1 for the hybrid policies and full-kv (`mimo.kvcache.tier_sim`):
+(L3, write-through) below L1 for the hybrid policies and full-kv (`mimo.bench.sim_tiers`):
 hit rate by tier, bytes moved per reused token, bytes written per tier and the age of the
 prefixes hit. `--tier-scale` sweeps all three budgets together, for `--plot`.
 
@@ -25,8 +25,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..bench.sim_tiers import TieredCacheSim
 from ..config import ConfigError, parse_size
-from ..kvcache.cache_sim import (
+from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
+from ..kvcache.retention import POLICIES
+from . import add_trace_arg
+from .kv_capacity import ideal_bound
+from .sim_cache import (
     BLOCK,
     CacheSim,
     estimate_swa_share,
@@ -34,11 +39,6 @@ from ..kvcache.cache_sim import (
     load_trace,
     size_swa_share,
 )
-from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
-from ..kvcache.retention import POLICIES
-from ..kvcache.tier_sim import TieredCacheSim
-from . import add_trace_arg
-from .kv_capacity import ideal_bound
 
 NAME = "cache-sim"
 BASELINES = ("full-kv", "off")

@@ -164,8 +164,8 @@ def _workload(args, name: str, tok_dir: str):
         convs = sessions(args.sessions, args.turns, name == "shared", args.system_words,
                          args.user_words)
         return lambda url: run_sessions(url, tok_dir, convs, args.max_tokens, args.session_gap)
-    from ..kvcache.cache_sim import load_trace
     from .serve import build_requests
+    from .sim_cache import load_trace
     rows, parents = conversations(load_trace(args.trace), args.trace_requests)
     vocab = (10, 500) if args.model == "tiny" else (100, 20000)
     span = max(rows[-1]["timestamp"] - rows[0]["timestamp"], 1) / 1000

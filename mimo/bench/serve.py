@@ -169,7 +169,7 @@ def _plot(path: str, per_policy: dict[str, list[dict]]) -> None:
 
 
 def measure(args) -> dict:
-    from ..kvcache.cache_sim import load_trace
+    from .sim_cache import load_trace
     rows = load_trace(args.trace, limit=args.start + args.num_requests)[args.start:]
     if not rows:
         raise SystemExit(f"no requests in {args.trace} from line {args.start}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mimo.bench.__main__ import main
-from mimo.kvcache.cache_sim import (
+from mimo.bench.sim_cache import (
     CacheSim,
     estimate_swa_share,
     ideal_hit_rates,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mimo.bench.route_load import WORDS, conversations
-from mimo.kvcache.cache_sim import load_trace
+from mimo.bench.sim_cache import load_trace
 
 TRACE = Path(__file__).resolve().parents[2] / "data" / "traces" / "conversation_trace.jsonl"
 

@@ -1,6 +1,6 @@
 """The simulator's lower tiers (L2, L3) against a plain reference model, hit for hit.
 
-The reference is written from the rules in `mimo.kvcache.tier_sim`'s docstring alone: page
+The reference is written from the rules in `mimo.bench.sim_tiers`'s docstring alone: page
 keys are (kind, namespace, tuple of every token up to the page's end), L2 and L3 are
 OrderedDicts with byte budgets, presence is sets. L1 is the real radix tree in both: the
 reference reads what L1 holds from the tree before each request, and hears L1's evictions
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from mimo.kvcache.cache_sim import CacheSim, ideal_hit_rates, load_trace, prompt_tokens
+from mimo.bench.sim_cache import CacheSim, ideal_hit_rates, load_trace, prompt_tokens
+from mimo.bench.sim_tiers import TieredCacheSim, chain, full_keys, namespace_base, page_hashes
 from mimo.kvcache.layout import KVLayout, LayerKV, shape_layout
 from mimo.kvcache.retention import RetentionPolicy, window_pages
-from mimo.kvcache.tier_sim import TieredCacheSim, chain, full_keys, namespace_base, page_hashes
 
 P, W = 4, 8
 LAYOUT = KVLayout((LayerKV(1, 4, 4),), (LayerKV(1, 4, 4),) * 2, W, 2)      # 16 / 32 B a token

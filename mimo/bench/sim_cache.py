@@ -24,10 +24,10 @@ import time
 from array import array
 from pathlib import Path
 
-from .allocator import PageAllocator
-from .layout import KVLayout
-from .radix_tree import RadixTree
-from .retention import POLICIES, RetentionPolicy, window_first_page, window_pages
+from ..kvcache.allocator import PageAllocator
+from ..kvcache.layout import KVLayout
+from ..kvcache.radix_tree import RadixTree
+from ..kvcache.retention import POLICIES, RetentionPolicy, window_first_page, window_pages
 
 BLOCK = 512
 
@@ -175,7 +175,7 @@ def size_swa_share(reqs, layout: KVLayout, full_kv: KVLayout, budget: int,
 
 class CacheSim:
     """One policy at one budget. `policy`: a name in POLICIES, 'full-kv' or 'off'. The lower
-    tiers (L2, L3) are `tier_sim.TieredCacheSim`'s."""
+    tiers (L2, L3) are `sim_tiers.TieredCacheSim`'s."""
     tree_cls = RadixTree        # TieredCacheSim's tree reports what L1 evicts
 
     def __init__(self, layout: KVLayout, full_kv: KVLayout, budget: int, policy: str = "hybrid",
@@ -245,7 +245,7 @@ class CacheSim:
     def _admit(self, toks, L: int, T: int, m, namespace=None, start: int | None = None,
                branch: int | None = None):
         """Lock, make room, allocate, insert, free the duplicates, unlock; None if it cannot
-        fit. `start`, `branch` (`tier_sim`): where a hit from the lower tiers ends (pages; the
+        fit. `start`, `branch` (`sim_tiers`): where a hit from the lower tiers ends (pages; the
         request loads the window before it) and where its tokens leave every tier."""
         P, tree = self.P, self.tree
         window = not m.rebuild
