@@ -13,15 +13,11 @@ Invariants (all checked by `check_integrity`):
   window before a locked node's end (`swa_lock`), so SWA outside a running request's window
   can still be freed; and only while the request reads it: once decoding has moved past a
   page of that window, `unpin` lets go of it;
-- every leaf's end is reachable: window-safe, so a leaf is never a tombstone and no full
-  KV is cached that no match could reach. Insert trims to the last safe point, SWA eviction
-  never frees a page inside a protected leaf's tail window, and evicting a leaf trims its
-  parent if needed. Two relaxations come with window rebuild (`rebuild`, see `match`):
-  a leaf longer than a receptive field may end where its window is gone, since a rebuild
-  reuses all but about a receptive field of it (SWA-only eviction may free such a leaf's
-  window, `radix_evict._protects`); and a leaf under a rebuild lock, or under a lock
-  whose request moved past its window (`unpin`), may end in a dead window (unlocking
-  trims it if the request did not extend it);
+- every leaf's end is reachable (window-safe): insert trims to the last safe point, SWA
+  eviction never frees a protected leaf's tail window, evicting a leaf trims its parent.
+  Relaxed with window rebuild: a leaf longer than a receptive field may lose its window
+  (`radix_evict._protects`), and one under a rebuild lock or an `unpin`ned lock may end in
+  a dead window (unlocking trims it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
 
@@ -272,29 +268,19 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
                branch_len: int | None = None, protect: bool = False) -> InsertResult:
         """Hand a finished (or preempted) request's pages to the tree.
 
-        `full_pages[i]` / `swa_pages[i]` hold the KV of tokens [i*P, (i+1)*P); SWA entries
-        that were released are None (or NO_SWA). `tokens` are the tokens with KV. Afterwards
-        every page passed is either held by the tree (`owns_full` / `owns_swa`: taken now,
-        or the tree's already, like the pages of this request's match) or listed in `dup_*`
-        for the caller to free; never both. The caller then unlocks its match node. What is
-        kept: pages up to the policy's cached end (cut back to the last window-safe point),
-        SWA only on the policy's checkpoint windows; tombstones the caller recomputed are
-        revived (`remap` lists them: the tree's full page now pairs with the caller's SWA
-        page, so a full->SWA map must be updated). `revive=False` for a request that keeps
-        running: a revived page would be the tree's yet sit beyond the node the request
-        can lock, unprotected while the request still reads it. `branch_len`: where the
-        request left the cached path when it was admitted (`MatchResult.prefix_len`);
-        default: where `tokens` leave the tree now (a request that inserted its KV while
-        running is all in the tree by its end). `protect`: a session's KV (the request
-        sent a prompt_cache_key): its path is stamped PROTECTED ticks younger, so eviction
-        (whole leaves and SWA windows alike) takes every keyless request's first.
-        """
+        `full_pages[i]` / `swa_pages[i]` hold the KV of tokens [i*P, (i+1)*P) (released SWA:
+        None or NO_SWA). Afterwards each page passed is the tree's or listed in `dup_*` for
+        the caller to free, never both; the caller then unlocks its match node. Kept: pages
+        up to the policy's cached end (cut back to the last window-safe point), SWA only on
+        its checkpoint windows; recomputed tombstones are revived (`remap`: a full->SWA map
+        must follow), not with `revive=False` (a running request could not lock them).
+        `branch_len`: where the request left the cached path at admission (default: where
+        `tokens` leave it now). `protect`: a session's KV, stamped PROTECTED ticks younger."""
         P = self.P
         if len(full_pages) > -(-len(tokens) // P):
             raise ValueError(f"{len(full_pages)} pages for {len(tokens)} tokens: pass the "
                              "tokens whose KV the pages hold")
-        swa_pages = list(swa_pages or [])
-        swa_pages += [None] * (len(full_pages) - len(swa_pages))
+        swa_pages = list(swa_pages or []) + [None] * (len(full_pages) - len(swa_pages or []))
         caller_swa = [s for s in swa_pages if s is not None and s >= 0]
         if self.mode == "off":
             return InsertResult(list(full_pages), caller_swa, [], 0)
@@ -308,6 +294,7 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         cps_branch = m if branch_len is None else branch_len
         cps = self.checkpoints(len(toks), prompt_len, cps_branch)
         running = not revive        # a sync: the request goes on computing this path
+        keep, firm = set[int](), set[int]()      # stay empty without SWA pools
         if self.hybrid:
             keep = (set(range(q_end)) if self.policy.keep_all
                     else self.policy.keep_pages(cps, self.W, P))
@@ -349,49 +336,56 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
                 nd.swa_time = now
             self._push_swa(nd)
         if q_end > mq:                      # the new part: new nodes split at checkpoints
-            parent = root
-            if path:
-                last, k = path[-1]
-                parent = self._split(last, k) if k < len(last.full) else last
-                if (parent is last and not last.children and self.hybrid
-                        and not (running and last.end > cps_branch)):
-                    # A conversation continued past its cached end: later turns will match
-                    # the new end; the old window is only a fallback for forks now. Unless
-                    # that end is this sequence's own prompt end (a running request that
-                    # inserted its prompt now adds its output): then it is firm.
-                    own_prompt = (self.policy.prompt and prompt_len is not None
-                                  and last.end in self.policy.prompt_points(prompt_len, P))
-                    last.swa_time = now if own_prompt else now - SPECULATIVE
-                    # Its new time needs its own heap entry (the window below may not
-                    # reach into it: with W = 1 a window lies past the node's end).
-                    self._push_swa(last)
-                    # No longer a leaf, it protects no tail window: the nodes holding that
-                    # window may have left the SWA heap while protected.
-                    self._push_window(last)
-            bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
-            lo = mq
-            for hi in bounds:
-                swa = None
-                if self.hybrid:
-                    swa = [swa_pages[i] if (i in keep and swa_pages[i] is not None
-                                            and swa_pages[i] >= 0) else NO_SWA
-                           for i in range(lo, hi)]
-                nd = Node(parent, toks[lo * P:hi * P], list(full_pages[lo:hi]), swa, lo * P, now)
-                parent.children[tuple(nd.tokens[:P])] = nd
-                self.full_alloc.park(nd.full)
-                self._own_f[nd.full] = True
-                if swa is not None:
-                    live_s = [s for s in swa if s >= 0]
-                    self._swa_pool.park(live_s)
-                    self._own_s[live_s] = True
-                    if not any(i in firm for i in range(lo, hi)):
-                        nd.swa_time = now - SPECULATIVE   # older than anything firm
-                    self._push_swa(nd)
-                parent, lo = nd, hi
-            self._push_leaf(parent)
-        dup_full = [p for p, o in zip(full_pages, self._own_f[list(full_pages)]) if not o]
-        dup_swa = ([s for s, o in zip(caller_swa, self._own_s[caller_swa]) if not o]
-                   if self.hybrid else caller_swa)
+            self._add_new(root, path, toks, full_pages, swa_pages, keep, firm, cps, mq, q_end,
+                          cps_branch, prompt_len, running, now)
         for li in self.listeners:
             li.inserted(toks, namespace)
-        return InsertResult(dup_full, dup_swa, remap, max(q_end, mq) * P)
+        return InsertResult([p for p, o in zip(full_pages, self._own_f[list(full_pages)]) if not o],
+                            [s for s, o in zip(caller_swa, self._own_s[caller_swa]) if not o]
+                            if self.hybrid else caller_swa, remap, max(q_end, mq) * P)
+
+    def _add_new(self, root: Node, path, toks, full_pages, swa_pages, keep, firm, cps, mq: int,
+                 q_end: int, cps_branch: int, prompt_len: int | None, running: bool,
+                 now: int) -> None:
+        """insert's new part: pages [mq, q_end) as new nodes split at the checkpoints."""
+        P = self.P
+        parent = root
+        if path:
+            last, k = path[-1]
+            parent = self._split(last, k) if k < len(last.full) else last
+            if (parent is last and not last.children and self.hybrid
+                    and not (running and last.end > cps_branch)):
+                # A conversation continued past its cached end: later turns will match
+                # the new end; the old window is only a fallback for forks now. Unless
+                # that end is this sequence's own prompt end (a running request that
+                # inserted its prompt now adds its output): then it is firm.
+                own_prompt = (self.policy.prompt and prompt_len is not None
+                              and last.end in self.policy.prompt_points(prompt_len, P))
+                last.swa_time = now if own_prompt else now - SPECULATIVE
+                # Its new time needs its own heap entry (the window below may not
+                # reach into it: with W = 1 a window lies past the node's end).
+                self._push_swa(last)
+                # No longer a leaf, it protects no tail window: the nodes holding that
+                # window may have left the SWA heap while protected.
+                self._push_window(last)
+        bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
+        lo = mq
+        for hi in bounds:
+            swa = None
+            if self.hybrid:
+                swa = [swa_pages[i] if (i in keep and swa_pages[i] is not None
+                                        and swa_pages[i] >= 0) else NO_SWA
+                       for i in range(lo, hi)]
+            nd = Node(parent, toks[lo * P:hi * P], list(full_pages[lo:hi]), swa, lo * P, now)
+            parent.children[tuple(nd.tokens[:P])] = nd
+            self.full_alloc.park(nd.full)
+            self._own_f[nd.full] = True
+            if swa is not None:
+                live_s = [s for s in swa if s >= 0]
+                self._swa_pool.park(live_s)
+                self._own_s[live_s] = True
+                if not any(i in firm for i in range(lo, hi)):
+                    nd.swa_time = now - SPECULATIVE   # older than anything firm
+                self._push_swa(nd)
+            parent, lo = nd, hi
+        self._push_leaf(parent)
