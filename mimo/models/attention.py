@@ -21,6 +21,7 @@ from torch import nn
 from ..config import ModelConfig
 from ..gpu.attention import AttentionBackend, AttnBatch
 from .layers import Linear, RMSNorm, Rotary
+from .untraced import untraced
 
 # Spellings of the sink logits: transformers' in-memory one, then the hub checkpoint's.
 _SINK_NAMES = ("sinks", "attention_sink_bias")
@@ -74,7 +75,7 @@ class Attention(nn.Module):
         return self.o(o.reshape(T, self.hq * self.dv))
 
 
-@torch.compiler.disable
+@untraced
 def paged_attention(backend: AttentionBackend, q, k, v, k_cache, v_cache, batch: AttnBatch,
                     scale: float, sinks: torch.Tensor | None) -> torch.Tensor:
     """The backend's call, never traced by `torch.compile`: what it gathers depends on the

@@ -16,6 +16,7 @@ from .context import ForwardContext
 from .layers import Linear, LlamaRMSNorm, Rotary, quantize_int8
 from .lm_head import LMHead
 from .mlp import GatedMLP
+from .untraced import arm
 
 
 class PreNormLayer(nn.Module):
@@ -84,6 +85,7 @@ class DecoderLM(nn.Module):
         graphs around it; all layers of a model share their compiled code (their weights
         are graph inputs), and shapes are dynamic in the token count (no recompile per
         chunk size)."""
+        arm()
         self._compiled = [torch.compile(layer.forward, dynamic=True) for layer in self.layers]
         self._compiled_above = above
 

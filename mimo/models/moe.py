@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .mlp import GatedMLP
+from .untraced import untraced
 
 
 class SparseMoE(nn.Module):
@@ -59,7 +60,7 @@ class SparseMoE(nn.Module):
 
     # Data-dependent: which experts run, and on which rows, is known only at run time. A
     # compiled layer breaks its graph here.
-    @torch.compiler.disable
+    @untraced
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, idx = self.route(x)
         out = torch.zeros_like(x)
