@@ -37,5 +37,5 @@ def arm() -> None:
     for cell in _cells:
         if not getattr(cell[0], "_mimo_untraced", False):
             disabled = torch.compiler.disable(cell[0])
-            disabled._mimo_untraced = True  # type: ignore[attr-defined]
+            disabled._mimo_untraced = True
             cell[0] = disabled
