@@ -247,6 +247,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
     d.add_argument("--kv-transfer-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="decode role: longest a KV stream may stay silent before the request "
                         "is recomputed here (default 60)")
+    d.add_argument("--prefill-peer", action="append", default=[], metavar="URL",
+                   help="decode role: a prefill worker this worker may take KV from "
+                        "(repeatable); a request naming another gets HTTP 403. Default: "
+                        "loopback URLs only")
     rs = p.add_argument_group("responses (/v1/responses)")
     rs.add_argument("--responses-store", default=None, metavar="URL",
                     help="where stored responses live for previous_response_id, retrieve and "
@@ -273,4 +277,5 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         router_heartbeat=a.router_heartbeat,
                         responses_store=a.responses_store, responses_ttl=a.responses_ttl,
                         web_ui=a.web_ui, role=a.role,
-                        kv_transfer_timeout=a.kv_transfer_timeout)
+                        kv_transfer_timeout=a.kv_transfer_timeout,
+                        prefill_peers=tuple(a.prefill_peer))

@@ -20,11 +20,12 @@ from typing import Any
 import anyio
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from ..config.peers import peer_allowed
 from ..stages import ChatRequest
 from ..tools import OutputParser
 from .chat_pipeline import chat_request
 from .choice import Choice
-from .errors import error_body, error_response, to_api_error
+from .errors import APIError, error_body, error_response, to_api_error
 from .response_format import closed
 from .schemas import GenerationSpec
 
@@ -56,6 +57,10 @@ class Responder:
         keep = spec.kind == "chat" and (tools_on or fmt.reasoning is not None)
         reqs = [chat_request(spec, i, keep) for i in range(spec.choices.best_of)]
         prefill = request.headers.get(PREFILL_HEADER) if self.s.cfg.role == "decode" else None
+        if prefill is not None and not peer_allowed(prefill, self.s.cfg.prefill_peers):
+            raise APIError(403, f"{PREFILL_HEADER} names {prefill[:200]!r}, not a prefill "
+                                "worker this decode worker may take KV from (--prefill-peer)",
+                           "permission_error", None, "prefill_peer_not_allowed")
         for r in reqs:
             r.prefill_url = prefill
         runs: list[Run] = []

@@ -31,6 +31,7 @@ COMMANDS = [
     ".flash_shape",      # flash-shape: mimo vs transformers on a scaled MiMo-V2-Flash, decode and prefill
     ".agent",            # agent: multi-turn agent sessions with tool-call pauses, mimo vs llama-server
     ".pd_bytes",         # pd-bytes: KV bytes one prefill -> decode transfer moves vs full KV
+    ".pd",               # pd: PD workers vs colocated workers, TTFT / inter-token latency / KV bytes
 ]
 
 

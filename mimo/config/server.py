@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .base import ConfigError
+from .peers import check_peers
 
 
 def check_responses_store(url: str | None) -> None:
@@ -51,6 +52,8 @@ class ServerConfig:
     # ---- disaggregated serving (mimo/disagg): both, prefill or decode
     role: str = "both"
     kv_transfer_timeout: float = 60.0        # decode role: longest silence of a KV stream (s)
+    # decode role: the prefill workers it may take KV from (normalized; empty: loopback only)
+    prefill_peers: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not self.body_read_timeout > 0:
@@ -76,3 +79,7 @@ class ServerConfig:
             raise ConfigError(f"role must be both, prefill or decode, not {self.role!r}")
         if not self.kv_transfer_timeout > 0:
             raise ConfigError("kv_transfer_timeout must be > 0")
+        if self.prefill_peers and self.role != "decode":
+            raise ConfigError("--prefill-peer is a decode worker's allow-list: it needs "
+                              "--role decode")
+        object.__setattr__(self, "prefill_peers", check_peers(tuple(self.prefill_peers)))
