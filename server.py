@@ -33,6 +33,9 @@ def main(argv=None) -> int:
                             allow_private=args.allow_private_media_urls,
                             max_bytes=args.max_media_bytes,
                             resize_max_pixels=args.image_max_pixels)
+        if scfg.role == "encoder":           # the vision tower only: no engine
+            from mimo.disagg.encoder_server import encoder_worker, serve_encoder
+            return serve_encoder(encoder_worker(args, scfg), args.log_level)
         engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
         aeng = AsyncEngine(engine)
         from mimo.disagg import decode_stage, role_routes

@@ -215,6 +215,21 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                         "process); N > 1 starts N processes, each loading the vision tower "
                         "and keeping its own --embed-cache-bytes cache, media routed to them "
                         "by consistent hashing of their content")
+    m.add_argument("--encoder-worker", action="append", default=[], metavar="URL",
+                   help="send media to this --role encoder worker instead of encoding here "
+                        "(repeatable: items routed by --encoder-routing; a dead one's items "
+                        "go to the next; HTTP 503 when none is left)")
+    m.add_argument("--encoder-routing", default="hash", choices=["hash", "round-robin"],
+                   help="how items pick an --encoder-worker: hash (default: consistent hashing "
+                        "of the media hash, so a repeat reaches the cache that has it) or "
+                        "round-robin")
+    m.add_argument("--encoder-shm-cache-mb", type=int, default=0, metavar="MB",
+                   help="a shared-memory embedding cache of MB MiB behind every encoder "
+                        "process's own cache, shared by all encoder processes on this machine "
+                        "that use the same --encoder-shm-name (default 0: off)")
+    m.add_argument("--encoder-shm-name", default="mimo-embeds", metavar="NAME",
+                   help="the shared embedding cache's files: /dev/shm/NAME.{seg,lock,users} "
+                        "(default mimo-embeds; removed when its last user exits)")
     g.add_argument("--web-ui", action=argparse.BooleanOptionalAction, default=True,
                    help="serve the chat page at / (streaming chat, model picker, image "
                         "upload, stop button; its API calls send the key typed into it); "
@@ -239,11 +254,13 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="seconds between heartbeats; a worker silent for 6 of them leaves "
                         "the routing set (default 0.5)")
     d = p.add_argument_group("disaggregated serving (docs/disaggregation.md)")
-    d.add_argument("--role", default="both", choices=["both", "prefill", "decode"],
+    d.add_argument("--role", default="both", choices=["both", "prefill", "decode", "encoder"],
                    help="both (default): prefill and decode here; prefill: also answer "
                         "/v1/internal/prefill with a prompt's KV (full layers, SWA windows "
                         "only) for a decode worker; decode: take a request's prompt KV from "
-                        "the prefill worker the router names (local recompute if that fails)")
+                        "the prefill worker the router names (local recompute if that fails); "
+                        "encoder: only run the vision tower, for workers given "
+                        "--encoder-worker (docs/encoders.md)")
     d.add_argument("--kv-transfer-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="decode role: longest a KV stream may stay silent before the request "
                         "is recomputed here (default 60)")
@@ -268,6 +285,10 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
                         max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight,
                         max_queued=a.max_queued, embed_cache_bytes=a.embed_cache_bytes,
                         encoder_workers=a.encoder_workers,
+                        encoder_urls=tuple(a.encoder_worker),
+                        encoder_routing=a.encoder_routing,
+                        encoder_shm_cache_mb=a.encoder_shm_cache_mb,
+                        encoder_shm_name=a.encoder_shm_name,
                         # ---- API
                         body_read_timeout=a.body_read_timeout,
                         metrics_public=a.metrics_public,

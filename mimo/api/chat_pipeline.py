@@ -4,8 +4,9 @@ typed request it runs (`chat_request(spec)`).
 Text-only model: prompt -> generate -> detokenize. Vision-language model: fetch ->
 decode_media -> preprocess (on the serving device) -> encode (batched across requests,
 embedding cache first; with `encoder_workers` > 1 in worker processes routed by the hash
-ring, each with its own cache) -> prompt (template, tokens, media placeholders expanded,
-MMPrompt built: once, after the encoder) -> generate -> detokenize. A request without media
+ring, each with its own cache; with `encoder_urls` in remote `--role encoder` workers) ->
+prompt (template, tokens, media placeholders expanded, MMPrompt built: once, after the
+encoder) -> generate -> detokenize. A request without media
 passes the media stages with nothing to do. What is particular to the model's vision family
 comes from its `VisionAdapter` (mimo.multimodal.adapter_for).
 """
@@ -22,6 +23,7 @@ from ..engine.async_engine import AsyncEngine
 from ..multimodal.adapter import VisionAdapter
 from ..multimodal.config import MediaConfig
 from ..multimodal.embed_cache import EmbedCache
+from ..multimodal.embed_store import LayeredEmbedCache, ShmSpec, make_embed_cache, tower_fingerprint
 from ..multimodal.encoder_pool import EncoderPool
 from ..multimodal.placeholders import expand_placeholders, pad_kinds
 from ..pipeline import Pipeline, Stage
@@ -42,7 +44,9 @@ from .schemas import GenerationSpec
 class ChatPipeline:
     pipeline: Pipeline
     encode: EncodeStage | None          # None for a text-only model
-    embed_cache: EmbedCache | None      # the in-process cache (None with encoder workers)
+    # the in-process cache (None with encoder workers; layered over a shared segment with
+    # --encoder-shm-cache-mb)
+    embed_cache: EmbedCache | LayeredEmbedCache | None
     prompt: BuildPrompt                 # the prompt stage (/tokenize runs it alone)
 
     @property
@@ -83,6 +87,24 @@ def chat_request(spec: GenerationSpec, sample: int = 0, keep_special: bool = Fal
                        keep_special=keep_special, cache=spec.cache)
 
 
+def _encoders(cfg: ServerConfig, info, adapter: VisionAdapter):
+    """(in-process cache, None) or (None, encoder processes: local or remote workers)."""
+    shm = (ShmSpec(cfg.encoder_shm_name, cfg.encoder_shm_cache_mb * 2**20)
+           if cfg.encoder_shm_cache_mb else None)
+    if cfg.encoder_urls:
+        from ..disagg.encoder_client import RemoteEncoders
+        return None, RemoteEncoders(cfg.encoder_urls, tower_fingerprint(info.encoder, info.dtype),
+                                    getattr(torch, info.dtype), adapter.merge,
+                                    cfg.encoder_routing, cfg.api_key)
+    if cfg.encoder_workers == 1:
+        fp = tower_fingerprint(info.encoder, info.dtype) if shm else ""
+        return make_embed_cache(cfg.embed_cache_bytes, shm, fp), None
+    # Each worker process loads the tower and keeps its own cache of the same size.
+    threads = max(1, torch.get_num_threads() // cfg.encoder_workers)
+    return None, EncoderPool(info.model, cfg.encoder_workers, getattr(torch, info.dtype),
+                             cfg.embed_cache_bytes, threads, shm)
+
+
 def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
                         media: MediaConfig | None = None, generate: Stage | None = None
                         ) -> ChatPipeline:
@@ -100,14 +122,7 @@ def build_chat_pipeline(cfg: ServerConfig, engine: AsyncEngine,
         return ChatPipeline(pipeline([prompt, generate, Detokenize(info.tokenizer, info.stop_ids)]),
                             None, None, prompt)
     settings = adapter.processor_settings(media)    # before any worker starts: may refuse
-    cache, pool = None, None
-    if cfg.encoder_workers == 1:
-        cache = EmbedCache(cfg.embed_cache_bytes)
-    else:
-        # Each worker process loads the tower and keeps its own cache of the same size.
-        threads = max(1, torch.get_num_threads() // cfg.encoder_workers)
-        pool = EncoderPool(info.model, cfg.encoder_workers, getattr(torch, info.dtype),
-                           cfg.embed_cache_bytes, threads)
+    cache, pool = _encoders(cfg, info, adapter)
     encode = EncodeStage(info.encoder, patch_dim=adapter.patch_dim,
                          merge=adapter.merge, cache=cache, pool=pool)
     prompt = BuildPrompt(info.tokenizer, info.arch, adapter)

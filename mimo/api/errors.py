@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse
 
 from ..engine.errors import EngineStopped, RequestError
 from ..models.chat_template import ChatTemplateError
-from ..multimodal.errors import MediaError
+from ..multimodal.errors import EncoderUnavailable, MediaError
 from ..multimodal.placeholders import PlaceholderMismatch
 from ..pipeline.errors import (
     InvalidRequest,
@@ -170,7 +170,7 @@ def to_api_error(e: BaseException) -> APIError:
         cause = e.cause
         if isinstance(cause, CLIENT_FAULTS):
             return _client_fault(cause)
-        if isinstance(cause, EngineStopped):
+        if isinstance(cause, (EngineStopped, EncoderUnavailable)):
             return to_api_error(cause)
         return _internal(cause, e.stage)
     if isinstance(e, CLIENT_FAULTS):
@@ -178,6 +178,9 @@ def to_api_error(e: BaseException) -> APIError:
     if isinstance(e, EngineStopped):
         return APIError(503, "the engine stopped after an internal error; the server is "
                              "shutting down", "server_error", code="engine_stopped")
+    if isinstance(e, EncoderUnavailable):
+        return APIError(503, f"the media could not be encoded: {e}", "server_error",
+                        code="encoder_unavailable")
     if isinstance(e, (Overloaded, PipelineClosed)):
         return APIError(503, e.message or "server overloaded, retry later", "server_error",
                         code="overloaded")

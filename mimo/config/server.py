@@ -37,6 +37,13 @@ class ServerConfig:
     # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
     # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
     encoder_workers: int = 1
+    # Remote encoders (`--role encoder` workers) instead of local ones, routed by the hash
+    # ring on the media hash or round-robin; and the machine's shared-memory embedding cache
+    # behind every local cache (0 MiB: off), named /dev/shm/<encoder_shm_name>.*
+    encoder_urls: tuple[str, ...] = ()
+    encoder_routing: str = "hash"
+    encoder_shm_cache_mb: int = 0
+    encoder_shm_name: str = "mimo-embeds"
     # ---- API
     body_read_timeout: float = 30.0          # seconds to receive a whole body (else 408)
     metrics_public: bool = False             # /metrics without the API key
@@ -75,11 +82,30 @@ class ServerConfig:
         if not self.responses_ttl >= 1:
             raise ConfigError("responses_ttl must be >= 1 second")
         check_responses_store(self.responses_store)
-        if self.role not in ("both", "prefill", "decode"):
-            raise ConfigError(f"role must be both, prefill or decode, not {self.role!r}")
+        if self.role not in ("both", "prefill", "decode", "encoder"):
+            raise ConfigError(f"role must be both, prefill, decode or encoder, not {self.role!r}")
+        self._check_encoders()
         if not self.kv_transfer_timeout > 0:
             raise ConfigError("kv_transfer_timeout must be > 0")
         if self.prefill_peers and self.role != "decode":
             raise ConfigError("--prefill-peer is a decode worker's allow-list: it needs "
                               "--role decode")
         object.__setattr__(self, "prefill_peers", check_peers(tuple(self.prefill_peers)))
+
+    def _check_encoders(self) -> None:
+        import re
+        object.__setattr__(self, "encoder_urls", tuple(self.encoder_urls))
+        for u in self.encoder_urls:
+            if not re.match(r"^https?://[^/\s]+/?$", u):
+                raise ConfigError(f"encoder worker URL must be http(s)://HOST:PORT, not {u!r}")
+        if self.encoder_urls and self.encoder_workers != 1:
+            raise ConfigError("encoder_workers (local encoder processes) and encoder worker "
+                              "URLs (remote ones) exclude each other")
+        if self.encoder_routing not in ("hash", "round-robin"):
+            raise ConfigError(f"encoder_routing must be hash or round-robin, not "
+                              f"{self.encoder_routing!r}")
+        if self.encoder_shm_cache_mb < 0:
+            raise ConfigError("encoder_shm_cache_mb must be >= 0")
+        if not re.match(r"^[A-Za-z0-9_.-]{1,100}$", self.encoder_shm_name):
+            raise ConfigError(f"encoder_shm_name must be 1-100 of [A-Za-z0-9_.-], not "
+                              f"{self.encoder_shm_name!r}")

@@ -5,6 +5,7 @@
               streamed to the decode worker that asks; it still serves the OpenAI API whole
     decode    requests naming a prefill worker (the router's x-mimo-prefill header) take
               their prompt's KV from it (`DecodeGenerate`); others run here whole
+    encoder   the vision tower only (encoder_server.py; server.py runs it instead of an engine)
 
 Both PD roles serve GET /v1/internal/kv_transfers: their transfer counters as JSON. Two
 workers exchange KV only under the same `kv_fingerprint` (model, dtype, KV layout, page
@@ -22,7 +23,7 @@ from .decode_generate import DecodeGenerate
 from .prefill_client import PrefillClient
 from .prefill_endpoint import PrefillEndpoint
 
-ROLES = ("both", "prefill", "decode")
+ROLES = ("both", "prefill", "decode", "encoder")
 
 
 def kv_fingerprint(engine: AsyncEngine) -> str:

@@ -4,9 +4,11 @@ item lands where its embeddings are cached (N caches hold N times the distinct m
 would), and a worker joining or leaving moves only about 1/N of the keys.
 
 Each worker loads the checkpoint, keeps only the vision tower (its family's adapter builds
-it) and serves requests on its own pipe: (keys, patches) in, (embeddings, hits, misses,
-ran_forward) out. Tensors cross as numpy arrays (plain pickled bytes), so no shared-memory
-file descriptors are passed around.
+it) and serves requests on its own pipe: (keys, patches) in, (embeddings, hit flags,
+ran_forward) out. With a shared-memory spec each worker's cache sits in front of the
+machine's shared segment (embed_store.py), so a key one worker encoded is a hit on all.
+Tensors cross the pipes as numpy arrays (plain pickled bytes): no file descriptors are
+passed around.
 A call to one worker holds that worker's lock; calls to different workers run at once.
 
 A worker that dies (killed, out of memory, a crash in native code) is restarted under its
@@ -33,17 +35,24 @@ READY_TIMEOUT_S = 300.0
 @dataclass
 class WorkerReply:
     embeds: list[torch.Tensor]
-    hits: int
-    misses: int
+    hit: list[bool]             # per item: served from a cache
     forwarded: bool
 
+    @property
+    def hits(self) -> int:
+        return sum(self.hit)
 
-def _serve(model: str, dtype: str, cache_bytes: int, threads: int, conn) -> None:
+    @property
+    def misses(self) -> int:
+        return len(self.hit) - self.hits
+
+
+def _serve(model: str, dtype: str, cache_bytes: int, threads: int, shm, conn) -> None:
     """The worker process: load the tower, then answer until told to stop (None)."""
     torch.set_num_threads(threads)
     from ..models import registry
     from .adapter import adapter_for
-    from .embed_cache import EmbedCache
+    from .embed_store import close_cache, make_embed_cache, tower_fingerprint
     try:
         loaded = registry.load(model, progress=False)
         adapter = adapter_for(loaded.config)
@@ -51,22 +60,26 @@ def _serve(model: str, dtype: str, cache_bytes: int, threads: int, conn) -> None
             raise ValueError(f"{model} has no vision tower")
         tower = adapter.build_tower(loaded.weights, getattr(torch, dtype))
         del loaded      # the language model's weights: not this process's business
+        fingerprint = tower_fingerprint(tower, dtype)
+        cache = make_embed_cache(cache_bytes, shm, fingerprint)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which fails to start
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
-    cache = EmbedCache(cache_bytes)
-    conn.send(("ready", None))
-    while (msg := conn.recv()) is not None:
-        keys, items = msg
-        try:
-            conn.send(("ok", _encode(tower, adapter, cache, keys, items)))
-        except Exception as e:  # noqa: BLE001 - this call fails, the worker lives on
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+    try:
+        conn.send(("ready", fingerprint))
+        while (msg := conn.recv()) is not None:
+            keys, items = msg
+            try:
+                conn.send(("ok", _encode(tower, adapter, cache, keys, items)))
+            except Exception as e:  # noqa: BLE001 - this call fails, the worker lives on
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+    finally:            # also when the parent died (EOFError): detach the shared segment
+        close_cache(cache)
 
 
 def _encode(tower, adapter, cache, keys, items):
-    before = (cache.stats.hits, cache.stats.misses)
     out = [cache.get(k) for k in keys]
+    hit = [e is not None for e in out]
     todo: dict[str, tuple[np.ndarray, tuple]] = {}
     for k, e, item in zip(keys, out, items):
         if e is None:
@@ -82,7 +95,7 @@ def _encode(tower, adapter, cache, keys, items):
             cache.put(k, e.clone())
         out = [e if e is not None else made[k] for k, e in zip(keys, out)]
     arrays = [e.float().numpy() if e.dtype == torch.bfloat16 else e.numpy() for e in out]
-    return (arrays, cache.stats.hits - before[0], cache.stats.misses - before[1], bool(todo))
+    return (arrays, hit, bool(todo))
 
 
 class WorkerDied(RuntimeError):
@@ -91,11 +104,14 @@ class WorkerDied(RuntimeError):
 
 class EncoderPool:
     def __init__(self, model: str, workers: int, dtype: torch.dtype, cache_bytes: int,
-                 threads_per_worker: int = 1):
+                 threads_per_worker: int = 1, shm=None):
+        """`shm`: an embed_store.ShmSpec, the machine's shared cache behind each worker's."""
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self._ctx = mp.get_context("spawn")     # fork after torch started threads can deadlock
-        self._args = (model, str(dtype).removeprefix("torch."), cache_bytes, threads_per_worker)
+        self._args = (model, str(dtype).removeprefix("torch."), cache_bytes, threads_per_worker,
+                      shm)
+        self.fingerprint = ""      # the tower's (embed_store.tower_fingerprint), from a worker
         self.dtype = dtype
         self.names = [f"encoder-{i}" for i in range(workers)]
         self.ring = ConsistentHashRing(self.names)
@@ -126,6 +142,7 @@ class EncoderPool:
         kind, detail = self._conns[w].recv()
         if kind != "ready":
             raise RuntimeError(f"{w} failed to start: {detail}")
+        self.fingerprint = detail
 
     def _restart(self, w: str) -> None:
         """Replace a dead worker (the caller holds its lock)."""
@@ -161,9 +178,8 @@ class EncoderPool:
                                          f"{code}); it was restarted") from None
         if kind != "ok":
             raise RuntimeError(f"{worker}: {result}")
-        arrays, hits, misses, forwarded = result
-        return WorkerReply([torch.from_numpy(a).to(self.dtype) for a in arrays], hits, misses,
-                           forwarded)
+        arrays, hit, forwarded = result
+        return WorkerReply([torch.from_numpy(a).to(self.dtype) for a in arrays], hit, forwarded)
 
     def close(self) -> None:
         for conn in self._conns.values():

@@ -26,3 +26,8 @@ class MediaForbidden(MediaError):
 
 class MediaDecodeError(MediaError):
     """The bytes are not a decodable image or video (corrupt, truncated, unsupported)."""
+
+
+class EncoderUnavailable(RuntimeError):
+    """No remote encoder worker could encode the media (all down or refusing): a server
+    fault, HTTP 503, never a client one."""

@@ -20,9 +20,11 @@ same time share one encoding) and stored. Keys carry the request's cache salt: r
 under different salts never share an encoding. `forwards` counts encoder calls, so a test or
 /metrics can see that a hit really skipped the encoder.
 
-Encoder workers: with `pool` (an EncoderPool) the items go to worker processes instead,
-each the owner of the keys the hash ring gives it, with its own cache; the workers of a
-batch run at the same time, and their hit, miss and forward counts add up here.
+Encoder workers: with `pool` (an EncoderPool, or remote encoders: disagg/encoder_client.py)
+the items go to worker processes instead, each the owner of the keys the hash ring gives
+it, with its own cache; the workers of a batch run at the same time, and their hit, miss
+and forward counts add up here. A request with an `embed_hit` field gets, per item, whether
+a cache served it (an encoder worker reports it to its caller).
 """
 from __future__ import annotations
 
@@ -57,6 +59,11 @@ def _keys(req) -> list[str | None]:
     salt = getattr(scope, "salt", None)
     return [None if (k := getattr(item, "key", None)) is None else salted_key(k, salt)
             for item in req.preprocessed or []]
+
+
+def _record_hits(req, hit: list[bool]) -> None:
+    if hasattr(req, "embed_hit"):
+        req.embed_hit = hit
 
 
 class EncodeStage(BatchStage):
@@ -139,6 +146,9 @@ class EncodeStage(BatchStage):
         await super().close()
         if self.pool is not None:
             await asyncio.to_thread(self.pool.close)
+        close = getattr(self.cache, "close", None)     # detach a shared segment
+        if close is not None:
+            close()
 
     async def _encode_pool(self, reqs, work, results) -> None:
         """Route every item by its key; one call per worker, all workers at once."""
@@ -153,14 +163,16 @@ class EncodeStage(BatchStage):
             self.pool.encode, w, [k for *_, k, _ in by_worker[w]],
             [it for *_, it in by_worker[w]]) for w in workers))
         out = {i: [None] * len(items) for i, items in work}
+        hit = {i: [False] * len(items) for i, items in work}
         for w, reply in zip(workers, replies):
             self._pool_hits += reply.hits
             self._pool_misses += reply.misses
             self.forwards += reply.forwarded
-            for (i, j, _, _), emb in zip(by_worker[w], reply.embeds):
-                out[i][j] = emb
+            for (i, j, _, _), emb, h in zip(by_worker[w], reply.embeds, reply.hit):
+                out[i][j], hit[i][j] = emb, h
         for i, _ in work:
             results[i] = out[i]
+            _record_hits(reqs[i], hit[i])
 
     async def _encode(self, reqs, work, results) -> None:
         """Fill results[i] for each (i, items) of `work`: cached embeddings where the cache
@@ -191,6 +203,7 @@ class EncodeStage(BatchStage):
                         self.cache.put(key, emb.clone())    # not a view pinning the batch
         for i, items in work:
             keys = _keys(reqs[i]) if self.cache is not None else [None] * len(items)
+            _record_hits(reqs[i], [e is not None for e in out[i]])
             results[i] = [e if e is not None else made[k if k is not None else (i, j)]
                           for j, (e, k) in enumerate(zip(out[i], keys))]
 
