@@ -75,3 +75,27 @@ def test_a_dead_worker_is_restarted_and_the_call_retried(pool, patches):
     assert pool.restarts == 1 and pool._procs[w].pid != dead.pid
     assert pool._procs[other] is kept and kept.is_alive()
     assert pool.encode(w, ["a"], [(px, grid)]).hits == 1
+
+
+def test_workers_share_a_shared_memory_cache(tiny_dir, patches):
+    """With a shared segment, a key one worker encoded is a hit on the other (no forward),
+    with the same embeddings; the segment is gone once the pool closes."""
+    import os
+    import uuid
+
+    from mimo.multimodal.embed_store import ShmSpec
+    (px, want), grid = patches, GRID
+    name = f"mimo-test-{uuid.uuid4().hex[:10]}"
+    p = EncoderPool(str(tiny_dir), 2, torch.float32, 1 << 24, shm=ShmSpec(name, 1 << 22))
+    try:
+        a, b = p.names
+        first = p.encode(a, ["k"], [(px, grid)])
+        assert (first.hits, first.forwarded) == (0, True)
+        again = p.encode(b, ["k"], [(px, grid)])
+        assert (again.hits, again.forwarded) == (1, False)
+        assert torch.equal(again.embeds[0], first.embeds[0])
+        torch.testing.assert_close(again.embeds[0], want, atol=1e-5, rtol=0)
+        assert len(p.fingerprint) == 32
+    finally:
+        p.close()
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(name)]
