@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                             max_bytes=args.max_media_bytes,
                             resize_max_pixels=args.image_max_pixels)
         if scfg.role == "encoder":           # the vision tower only: no engine
-            from mimo.disagg.encoder_server import encoder_worker, serve_encoder
+            from mimo.api.encoder_server import encoder_worker, serve_encoder
             return serve_encoder(encoder_worker(args, scfg), args.log_level)
         engine = LLMEngine(engine_config(args.model, **engine_opts(args)))
         aeng = AsyncEngine(engine)

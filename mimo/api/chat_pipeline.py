@@ -92,7 +92,7 @@ def _encoders(cfg: ServerConfig, info, adapter: VisionAdapter):
     shm = (ShmSpec(cfg.encoder_shm_name, cfg.encoder_shm_cache_mb * 2**20)
            if cfg.encoder_shm_cache_mb else None)
     if cfg.encoder_urls:
-        from ..disagg.encoder_client import RemoteEncoders
+        from ..multimodal.remote_encoders import RemoteEncoders
         return None, RemoteEncoders(cfg.encoder_urls, tower_fingerprint(info.encoder, info.dtype),
                                     getattr(torch, info.dtype), adapter.merge,
                                     cfg.encoder_routing, cfg.api_key)

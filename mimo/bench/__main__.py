@@ -32,6 +32,7 @@ COMMANDS = [
     ".agent",            # agent: multi-turn agent sessions with tool-call pauses, mimo vs llama-server
     ".pd_bytes",         # pd-bytes: KV bytes one prefill -> decode transfer moves vs full KV
     ".pd",               # pd: PD workers vs colocated workers, TTFT / inter-token latency / KV bytes
+    ".encoders",         # encoders: embedding-cache hit rate, hash vs round-robin, shared memory off vs on
 ]
 
 

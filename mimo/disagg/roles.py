@@ -5,7 +5,7 @@
               streamed to the decode worker that asks; it still serves the OpenAI API whole
     decode    requests naming a prefill worker (the router's x-mimo-prefill header) take
               their prompt's KV from it (`DecodeGenerate`); others run here whole
-    encoder   the vision tower only (encoder_server.py; server.py runs it instead of an engine)
+    encoder   the vision tower only (api/encoder_server.py, run by server.py instead of an engine)
 
 Both PD roles serve GET /v1/internal/kv_transfers: their transfer counters as JSON. Two
 workers exchange KV only under the same `kv_fingerprint` (model, dtype, KV layout, page

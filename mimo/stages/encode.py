@@ -20,7 +20,7 @@ same time share one encoding) and stored. Keys carry the request's cache salt: r
 under different salts never share an encoding. `forwards` counts encoder calls, so a test or
 /metrics can see that a hit really skipped the encoder.
 
-Encoder workers: with `pool` (an EncoderPool, or remote encoders: disagg/encoder_client.py)
+Encoder workers: with `pool` (an EncoderPool, or remote encoders: multimodal/remote_encoders.py)
 the items go to worker processes instead, each the owner of the keys the hash ring gives
 it, with its own cache; the workers of a batch run at the same time, and their hit, miss
 and forward counts add up here. A request with an `embed_hit` field gets, per item, whether

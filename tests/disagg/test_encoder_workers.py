@@ -177,7 +177,7 @@ def test_answers_equal_one_worker_with_prefix_cache_on_and_off(procs, front):
 
 
 def test_a_repeat_skips_the_encoder_and_encoders_share_the_segment(procs):
-    from mimo.disagg import encoder_wire as ew
+    from mimo.multimodal import encoder_wire as ew
     front = procs["front"]
     parts = [noise_png(40), ASK]
     chat(front, parts)

@@ -30,9 +30,8 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..api.body import read_bytes
-from ..api.errors import APIError, Unauthorized, bad_request, error_response
 from ..config import ConfigError, ServerConfig
+from ..multimodal import encoder_wire as ew
 from ..multimodal.adapter import adapter_for
 from ..multimodal.embed_store import ShmSpec, make_embed_cache, tower_fingerprint
 from ..multimodal.encoder_pool import EncoderPool
@@ -40,9 +39,10 @@ from ..multimodal.preprocess import Patches
 from ..multimodal.preprocessed import PreprocessedMedia
 from ..pipeline import Request
 from ..stages import EncodeStage
-from . import encoder_wire as ew
+from .body import read_bytes
+from .errors import APIError, Unauthorized, bad_request, error_response
 
-log = logging.getLogger("mimo.disagg")
+log = logging.getLogger("mimo.api")
 MAX_ENCODE_BODY = 1 << 30       # patches are float32: a 12 MP image is about 77 MB
 
 

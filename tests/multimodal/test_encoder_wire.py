@@ -3,7 +3,7 @@ cut, flipped, or whose shapes do not add up is refused, never read as other numb
 import pytest
 import torch
 
-from mimo.disagg import encoder_wire as ew
+from mimo.multimodal import encoder_wire as ew
 
 
 def test_request_and_reply_round_trip_bit_for_bit():

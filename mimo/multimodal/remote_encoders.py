@@ -25,13 +25,12 @@ import time
 import httpx
 import torch
 
-from ..multimodal.encoder_pool import WorkerReply
-from ..multimodal.errors import EncoderUnavailable
-from ..multimodal.hash_ring import ConsistentHashRing
-from ..pipeline import InvalidRequest
 from . import encoder_wire as ew
+from .encoder_pool import WorkerReply
+from .errors import EncoderUnavailable, MediaError
+from .hash_ring import ConsistentHashRing
 
-log = logging.getLogger("mimo.disagg")
+log = logging.getLogger("mimo.multimodal")
 ROUTINGS = ("hash", "round-robin")
 
 
@@ -134,7 +133,7 @@ class RemoteEncoders:
         except httpx.HTTPError as e:
             raise _Down(f"{type(e).__name__}: {e}") from None
         if r.status_code in (400, 413):         # this request, not the encoder
-            raise InvalidRequest(f"the encoder worker refused the media: {_message(r)}")
+            raise MediaError(f"the encoder worker refused the media: {_message(r)}")
         if r.status_code != 200:
             raise _Down(f"HTTP {r.status_code}: {_message(r)}")
         try:
