@@ -15,7 +15,6 @@ of calls that ran the tower. Ends with one JSON line (the CPU and its flags incl
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import random
 import tempfile
@@ -69,8 +68,15 @@ def _start(model: Path, n: int, cache_bytes: int, shm: tuple[str, int] | None):
              "--embed-cache-bytes", str(cache_bytes)]
     if shm is not None:
         flags += ["--encoder-shm-name", shm[0], "--encoder-shm-cache-mb", str(shm[1])]
-    with cf.ThreadPoolExecutor(n) as ex:
-        return list(ex.map(lambda _: ServerProcess(flags, start_timeout=300), range(n)))
+    procs: list = []
+    try:        # one after the other: parallel starts could pick the same free port
+        for _ in range(n):
+            procs.append(ServerProcess(flags, start_timeout=300))
+    except BaseException:
+        for p in procs:
+            p.stop()
+        raise
+    return procs
 
 
 def _run(procs, routing: str, sequence: list[int], pixels, run_id: str) -> dict:
