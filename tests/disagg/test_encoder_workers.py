@@ -197,6 +197,9 @@ def test_a_repeat_skips_the_encoder_and_encoders_share_the_segment(procs):
     assert replies[0].embeds[0].shape == (16, replies[0].embeds[0].shape[1])
     stats = httpx.get(procs["b"].url + "/v1/internal/encoder").json()
     assert stats["shm"]["hits_here"] >= 1
+    wrong = httpx.post(procs["a"].url + "/v1/internal/encode", content=ew.encode_request(
+        fp, [ew.EncodeItem("rows-off", (1, 8, 8), px[:60])]))      # 60 rows for 64 patches
+    assert wrong.status_code == 400 and "do not match grid" in wrong.json()["error"]["message"]
     bad = httpx.post(procs["a"].url + "/v1/internal/encode",
                      content=ew.encode_request("another-tower", [ew.EncodeItem("k", (1, 8, 8), px)]))
     assert bad.status_code == 409 and bad.json()["error"]["code"] == "encoder_mismatch"
@@ -253,3 +256,27 @@ def test_an_encoder_killed_mid_request(procs, shm_name):
     with SharedEmbedCache(shm_name, 1 << 20, "fp") as c:
         assert c.reclaimed
     assert shm_files(shm_name) == []
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--encoder-worker", "ftp://127.0.0.1:1"], "must be http(s)://HOST:PORT"),
+    (["--encoder-worker", "http://127.0.0.1:1", "--encoder-workers", "2"], "exclude each other"),
+    (["--encoder-shm-cache-mb", "-1"], "encoder_shm_cache_mb must be >= 0"),
+    (["--encoder-shm-name", "../etc"], "encoder_shm_name must be"),
+    (["--role", "encoder", "--encoder-worker", "http://127.0.0.1:1"], "drop --encoder-worker"),
+    (["--role", "encoder"], "has no vision tower"),           # the default text model
+])
+def test_bad_encoder_flags_are_refused_clearly(flags, message, capsys):
+    import server as server_main
+    assert server_main.main(flags) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_encoder_flags_in_help(capsys):
+    import server as server_main
+    with pytest.raises(SystemExit):
+        server_main.main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--encoder-worker", "--encoder-routing", "--encoder-shm-cache-mb",
+                 "--encoder-shm-name", "encoder:"):
+        assert flag in out
