@@ -33,6 +33,7 @@ COMMANDS = [
     ".pd_bytes",         # pd-bytes: KV bytes one prefill -> decode transfer moves vs full KV
     ".pd",               # pd: PD workers vs colocated workers, TTFT / inter-token latency / KV bytes
     ".encoders",         # encoders: embedding-cache hit rate, hash vs round-robin, shared memory off vs on
+    ".pd_transport",     # pd-transport: KV transfer time, direct worker stream vs the Redis tier path
 ]
 
 

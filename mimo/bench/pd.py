@@ -8,14 +8,17 @@ requests decode), real processes on 127.0.0.1, one after the other:
 - colocated: two `server.py` (`--role both`) workers behind `python -m mimo.router
   --worker URL --worker URL` (the same worker count).
 
-Each worker gets `--threads` torch threads (default 1: two workers on two cores). One
-warm-up request per arm is not counted. Reported per arm: TTFT and inter-token latency
-p50/p90 (all requests, and per kind); for pd the KV transfers of the timed run from the
+Each worker gets `--threads` torch threads (default 1: two workers on two cores) and
+`--server-args` (default float32, no quantization). One warm-up request per arm is not
+counted. Reported per arm: TTFT and inter-token latency p50/p90 (all requests, and per
+kind) and the machine's load average; for pd the KV transfers of the timed run from the
 workers' /v1/internal/kv_transfers: bytes on the wire against a full-KV layout of the same
-prompts (`kv_bytes_ratio`) and the time spent sending against prefill time. `same_tokens`:
-every answer of the pd arm equals the colocated arm's (each request served whole by one
-worker there) in text and token count, greedy. Pools are checked whole and idle on every
-worker after each arm (/metrics).
+prompts (`kv_bytes_ratio`), transfers that failed into a recompute, and the time spent
+sending against prefill time. After the colocated arm, every request runs again alone on
+one of its workers (its own cache namespace: no hits): the single-worker reference.
+`same_tokens`: every pd answer equals the reference in text and token count, greedy
+(`colocated_same_tokens` likewise; `differing` lists the requests that do not). Pools are
+checked whole and idle on every worker after each arm (/metrics).
 
     python -m mimo.bench pd [--model gemma-3-270m] [--plot docs/pd.png] [--quick]
 
@@ -59,7 +62,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="tiny random MiMo-V2-Flash and a small workload (a smoke run)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     p.add_argument("--kv-cache-memory", default="512MiB")
-    p.add_argument("--server-args", default="", help="extra flags for every server.py")
+    p.add_argument("--server-args", default="--dtype float32 --quantize none",
+                   help="extra flags for every server.py (default: float32 without "
+                        "quantization, under which answers do not depend on what they were "
+                        "batched with, so same_tokens can hold; \"\" for the defaults)")
+    p.add_argument("--kv-transfer-timeout", type=float, default=600.0,
+                   help="the decode worker's --kv-transfer-timeout (default 600: a prompt "
+                        "queued behind long prefills on a loaded machine is not given up)")
     for f in dataclasses.fields(Workload):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(w, f.name)),
                        default=None, help=f"workload: {f.name} (default {getattr(w, f.name)})")
@@ -118,7 +127,9 @@ def _arm(name: str, args, model: str, reqs: list[dict], warm: dict) -> dict:
             *args.server_args.split()]
     roles = ["prefill", "decode"] if name == "pd" else ["both", "both"]
     _log(f"{name}: starting workers ({', '.join(roles)})")
-    workers = start_all(lambda i, wait: WorkerProcess(base + ["--role", roles[i]], wait=wait), 2)
+    extra = {"decode": ["--kv-transfer-timeout", str(args.kv_transfer_timeout)]}
+    workers = start_all(lambda i, wait: WorkerProcess(
+        base + ["--role", roles[i], *extra.get(roles[i], [])], wait=wait), 2)
     router = None
     try:
         flags = (["--prefill", workers[0].url, "--decode", workers[1].url] if name == "pd"

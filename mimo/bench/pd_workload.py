@@ -28,15 +28,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Workload:
     seed: int = 0
-    short: int = 8
+    short: int = 6
     short_lo: int = 64
     short_hi: int = 128
-    short_max_tokens: int = 48
-    short_gap: float = 0.6
+    short_max_tokens: int = 32
+    short_gap: float = 0.8
     long: int = 3
-    long_tokens: int = 2048
+    long_tokens: int = 1536
     long_max_tokens: int = 8
-    long_gap: float = 2.5
+    long_gap: float = 3.0
     vocab_lo: int = 100
     vocab_hi: int = 20000
 

@@ -79,7 +79,8 @@ class PrefillEndpoint:
                                             full_kv_bytes(self.layout, payload.tokens)),
                                  media_type="application/octet-stream")
 
-    def _send(self, chunks: Iterator[bytes], kv_bytes: int, full: int) -> Iterator[bytes]:
+    def _send(self, chunks: Iterator[bytes | memoryview], kv_bytes: int, full: int
+              ) -> Iterator[bytes | memoryview]:
         """The chunks as starlette sends them (each layer is on the socket before the next
         is made), counted once all went out."""
         t0, sent = time.perf_counter(), 0

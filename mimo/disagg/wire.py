@@ -45,13 +45,15 @@ def _dtype_name(t: torch.dtype) -> str:
     return next(k for k, v in DTYPES.items() if v == t)
 
 
-def _raw(t: torch.Tensor) -> bytes:
-    return t.contiguous().view(torch.uint8).numpy().tobytes()
+def _raw(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes, not copied (the view keeps the tensor alive)."""
+    return t.contiguous().view(torch.uint8).numpy().data.cast("B")
 
 
 def encode(first_token: int, cached_tokens: int, payload: KVPayload,
-           fingerprint: str) -> Iterator[bytes]:
-    """The stream's chunks: the header, then one chunk per layer (sent as it is made)."""
+           fingerprint: str) -> Iterator[bytes | memoryview]:
+    """The stream's chunks: the header, then each layer's frame as three chunks (its index,
+    then views of its K and V: the socket copies them once, nothing here does)."""
     layers = payload.full + payload.swa
     dtype = layers[0][0].dtype if layers else torch.float32
     header = {"tokens": payload.tokens, "page_size": payload.page_size,
@@ -63,14 +65,16 @@ def encode(first_token: int, cached_tokens: int, payload: KVPayload,
     h = json.dumps(header).encode()
     yield MAGIC + struct.pack("<I", len(h)) + h
     for i, (k, v) in enumerate(layers):
-        yield struct.pack("<I", i) + _raw(k) + _raw(v)
+        yield struct.pack("<I", i)
+        yield _raw(k)
+        yield _raw(v)
     yield struct.pack("<IQ", END, payload.nbytes)
 
 
 class _Reader:
     """Exact reads over an async iterator of byte chunks; counts every byte received."""
 
-    def __init__(self, chunks: AsyncIterator[bytes]):
+    def __init__(self, chunks: AsyncIterator[bytes | memoryview]):
         self._it = chunks.__aiter__()
         self._buf = bytearray()
         self.received = 0
@@ -88,14 +92,25 @@ class _Reader:
         return out
 
     async def read_into(self, t: torch.Tensor) -> None:
-        """Fill host tensor `t` with its byte size of the stream."""
-        view = t.view(torch.uint8).reshape(-1)
-        n, off = view.numel(), 0
+        """Fill host tensor `t` with its byte size of the stream, copying each chunk once,
+        straight into the tensor (no intermediate buffers: they cost more than the socket)."""
+        dst = t.view(torch.uint8).reshape(-1).numpy().data
+        n, off = len(dst), 0
+        if self._buf:
+            off = min(n, len(self._buf))
+            dst[:off] = self._buf[:off]
+            del self._buf[:off]
         while off < n:
-            take = min(n - off, 8 << 20)
-            view[off:off + take] = torch.frombuffer(bytearray(await self.read(take)),
-                                                    dtype=torch.uint8)
+            try:
+                chunk = memoryview(await self._it.__anext__()).cast("B")
+            except StopAsyncIteration:
+                raise TransferFailed(f"KV stream ended early ({self.received} bytes)") from None
+            self.received += len(chunk)
+            take = min(n - off, len(chunk))
+            dst[off:off + take] = chunk[:take]
             off += take
+            if take < len(chunk):
+                self._buf += chunk[take:]
 
     async def at_end(self) -> bool:
         if self._buf:
@@ -113,7 +128,7 @@ def _shapes(header: dict, kind: str) -> list[tuple[tuple[int, ...], tuple[int, .
     return [(tuple(k), tuple(v)) for k, v in header[kind]]
 
 
-async def decode(chunks: AsyncIterator[bytes], fingerprint: str, layout: KVLayout,
+async def decode(chunks: AsyncIterator[bytes | memoryview], fingerprint: str, layout: KVLayout,
                  page_size: int, tokens: int) -> Prefilled:
     """Read one stream for a prompt of `tokens` into host buffers allocated once its header
     matches what this worker's pools (`layout`, `page_size`) would hold."""

@@ -113,3 +113,19 @@ def test_quick_run_reports_every_figure(tmp_path):
                 assert 0 < part[metric]["p50"] <= part[metric]["p90"]
     assert len(out["colocated"]["served_by"]) == 2 and len(out["pd"]["served_by"]) == 1
     assert png.stat().st_size > 10_000
+
+
+def test_transport_bench_moves_the_payload_both_ways():
+    """bench pd-transport: the direct stream and the Redis path both deliver the payload bit
+    for bit (checked inside), of the size layout arithmetic gives."""
+    from mimo.bench.pd_transport import measure
+    out = measure("gemma-3-270m", [600], "float32", 16, reps=1)
+    row = out["rows"][0]
+    per_layer_token = 2 * 256 * 4                  # K and V, 1 KV head of 256, float32
+    pages = math.ceil(600 / 16)                    # 38
+    window_pages = pages - (600 - 512) // 16       # 33: positions 80.. on whole pages
+    kv = per_layer_token * 16 * (3 * pages + 15 * window_pages)
+    assert 0 < row["wire_bytes"] - kv < 4096
+    assert row["full_kv_bytes"] == 18 * per_layer_token * 600
+    assert out["bit_exact"] and row["direct_s"] > 0 and row["redis_put_s"] > 0
+    assert row["redis_s"] == pytest.approx(row["redis_put_s"] + row["redis_get_s"], abs=2e-4)
