@@ -8,9 +8,9 @@ encoders by its cache key (media hash, settings, salt), so a repeated item reach
 encoder whose cache holds it; `round-robin` deals items out in turn (the comparison
 `python -m mimo.bench encoders` makes).
 
-Failures: an encoder that cannot be reached, drops the connection, answers 5xx, sends a
-malformed reply or serves another tower (fingerprint) is marked down for `retry_s` and
-leaves the ring; the call's items go to each key's next encoder on the ring (round-robin:
+Failures: an encoder that cannot be reached or drops the connection (twice: once more on
+a fresh connection first), answers 5xx, sends a malformed reply or serves another tower
+(fingerprint) is marked down for `retry_s` and leaves the ring; the call's items go to each key's next encoder on the ring (round-robin:
 the next live one), until one answers. With none left the call raises EncoderUnavailable
 (HTTP 503). Replies are checked (item count, rows per grid, fingerprint, CRC), so a bad
 reply is a retry, never a token.
@@ -41,7 +41,8 @@ class _Down(Exception):
 class RemoteEncoders:
     def __init__(self, urls: list[str] | tuple[str, ...], fingerprint: str, dtype: torch.dtype,
                  merge: int, routing: str = "hash", api_key: str | None = None,
-                 retry_s: float = 5.0, timeout: float = 300.0):
+                 retry_s: float = 5.0, timeout: float = 300.0, transport=None):
+        """`transport`: an httpx transport in place of the network (tests)."""
         if not urls:
             raise ValueError("remote encoders need at least one URL")
         if routing not in ROUTINGS:
@@ -60,12 +61,14 @@ class RemoteEncoders:
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout, connect=5.0)
+        self._transport = transport
         # One client per encoder: marking one down closes its pooled connections (a dead
         # peer's sockets are not kept half-closed).
         self._http = {u: self._client() for u in self.urls}
 
     def _client(self) -> httpx.Client:
-        return httpx.Client(headers=self._headers, timeout=self._timeout)
+        return httpx.Client(headers=self._headers, timeout=self._timeout,
+                            transport=self._transport)
 
     # ---- routing ------------------------------------------------------------------------
     def _live(self) -> list[str]:
@@ -128,10 +131,15 @@ class RemoteEncoders:
         body = ew.encode_request(self.fingerprint, [
             ew.EncodeItem(k, (int(g[0]), int(g[1]), int(g[2])), px.detach().cpu().float())
             for k, (px, g) in zip(keys, items)])
-        try:
-            r = self._http[url].post(url + "/v1/internal/encode", content=body)
-        except httpx.HTTPError as e:
-            raise _Down(f"{type(e).__name__}: {e}") from None
+        for attempt in (1, 2):
+            # A second try on a fresh connection first: the server may have closed an idle
+            # keep-alive connection just as this request went out on it.
+            try:
+                r = self._http[url].post(url + "/v1/internal/encode", content=body)
+                break
+            except httpx.HTTPError as e:
+                if attempt == 2:
+                    raise _Down(f"{type(e).__name__}: {e}") from None
         if r.status_code in (400, 413):         # this request, not the encoder
             raise MediaError(f"the encoder worker refused the media: {_message(r)}")
         if r.status_code != 200:

@@ -207,6 +207,27 @@ def test_a_repeat_skips_the_encoder_and_encoders_share_the_segment(procs):
     assert cut.status_code == 400 and "malformed" in cut.json()["error"]["message"]
 
 
+def test_concurrent_requests_share_tower_forwards(procs):
+    """Requests from many callers at once are batched: fewer forwards than requests."""
+    import concurrent.futures as cf
+
+    from mimo.multimodal import encoder_wire as ew
+    url = procs["b"].url
+    fp = httpx.get(url + "/v1/internal/encoder").json()["fingerprint"]
+    g = torch.Generator().manual_seed(11)
+    bodies = [ew.encode_request(fp, [ew.EncodeItem(f"batch-{uuid.uuid4()}", (1, 32, 32),
+                                                   torch.randn(1024, 1176, generator=g))])
+              for _ in range(8)]
+    before = httpx.get(url + "/v1/internal/encoder").json()["forwards"]
+    with cf.ThreadPoolExecutor(8) as ex:
+        rs = list(ex.map(lambda b: httpx.post(url + "/v1/internal/encode", content=b,
+                                              timeout=120), bodies))
+    assert [r.status_code for r in rs] == [200] * 8
+    assert all(ew.decode_reply(r.content).hit == [False] for r in rs)
+    forwards = httpx.get(url + "/v1/internal/encoder").json()["forwards"] - before
+    assert 1 <= forwards < 8
+
+
 def sockets(pid: int) -> int:
     fds = f"/proc/{pid}/fd"
     return sum(_is_socket(f"{fds}/{f}") for f in os.listdir(fds))
