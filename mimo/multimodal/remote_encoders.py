@@ -10,10 +10,10 @@ encoder whose cache holds it; `round-robin` deals items out in turn (the compari
 
 Failures: an encoder that cannot be reached or drops the connection (twice: once more on
 a fresh connection first), answers 5xx, sends a malformed reply or serves another tower
-(fingerprint) is marked down for `retry_s` and leaves the ring; the call's items go to each key's next encoder on the ring (round-robin:
-the next live one), until one answers. With none left the call raises EncoderUnavailable
-(HTTP 503). Replies are checked (item count, rows per grid, fingerprint, CRC), so a bad
-reply is a retry, never a token.
+(fingerprint) is marked down for `retry_s` and leaves the ring; the call's items go to
+each key's next encoder on the ring (round-robin: the next live one), until one answers.
+With none left the call raises EncoderUnavailable (HTTP 503). Replies are checked (item
+count, rows per grid, fingerprint, CRC), so a bad reply is a retry, never a token.
 """
 from __future__ import annotations
 
