@@ -7,6 +7,7 @@ bookkeeping lives in `KVPool`; only storage imports torch.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .layout import LayerKV
@@ -16,7 +17,19 @@ class KVTensors:
     def __init__(self, layers: tuple[LayerKV, ...], slots: int,
                  dtype: torch.dtype | None = None, device: str | torch.device = "cpu"):
         dtype = dtype or torch.float32
-        self.k = [torch.zeros(slots, lay.kv_heads, lay.k_dim, dtype=dtype, device=device)
-                  for lay in layers]
-        self.v = [torch.zeros(slots, lay.kv_heads, lay.v_dim, dtype=dtype, device=device)
-                  for lay in layers]
+        self.k = [_zeros((slots, lay.kv_heads, lay.k_dim), dtype, device) for lay in layers]
+        self.v = [_zeros((slots, lay.kv_heads, lay.v_dim), dtype, device) for lay in layers]
+
+
+def _zeros(shape: tuple[int, int, int], dtype: torch.dtype, device: str | torch.device
+           ) -> torch.Tensor:
+    """Zeroed storage. On the CPU it comes from calloc (through numpy), whose large blocks are
+    fresh pages the OS zeroes on first touch: `torch.zeros` writes every byte up front, about
+    a second per GiB of start-up. Zeroed, not empty: attention reads whole pages, and garbage
+    past a sequence's end could be NaN, which a zero softmax weight does not cancel."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    n = shape[0] * shape[1] * shape[2] * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(n + 64, dtype=np.uint8))
+    skip = -raw.data_ptr() % 64                    # 64-byte aligned, as torch's allocator gives
+    return raw[skip:skip + n].view(dtype).view(shape)
