@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as _Backend
 from tokenizers.models import BPE
 
 from .gguf_file import read_gguf_metadata
+from .tokenizer_cache import cached_backend
 
 _CONTROL, _USER_DEFINED = 3, 4  # llama.cpp token types
 _SPIECE = "\u2581"
@@ -131,6 +132,40 @@ def _byte_level_backend(md: Mapping[str, Any]) -> tuple[_Backend, list[str]]:
     return tok, tokens
 
 
+def _special_ids(md: Mapping[str, Any]) -> dict[str, int | None]:
+    return {name: md.get(f"tokenizer.ggml.{name}_token_id")
+            for name in ("bos", "eos", "unknown", "padding")}
+
+
+def _gguf_backend(md: Mapping[str, Any]) -> _Backend:
+    """The complete `tokenizers` pipeline for GGUF metadata (seconds on a 262k vocabulary:
+    `cached_backend` keeps the result)."""
+    kind, arch = md["tokenizer.ggml.model"], md.get("general.architecture", "")
+    if kind == "llama":
+        tok, tokens = _sentencepiece_backend(md, arch)
+    elif kind == "gpt2":
+        tok, tokens = _byte_level_backend(md)
+    else:
+        raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'llama', 'gpt2')")
+
+    ids = _special_ids(md)
+    types = list(md.get("tokenizer.ggml.token_type", []))
+    # Control tokens must match whole and be dropped on decode; a byte-level control token
+    # spelled outside the byte alphabet is a converter mislabel that the model never saw.
+    raw = md["tokenizer.ggml.tokens"]
+    named = {i for i in ids.values() if i is not None and i < len(tokens)}
+    special = [AddedToken(tokens[i], normalized=False, special=True) for i in range(len(tokens))
+               if (i < len(types) and types[i] == _CONTROL and (kind != "gpt2" or tokens[i] == raw[i]))
+               or i in named]
+    tok.add_special_tokens(special)
+    vocab = tok.get_vocab(with_added_tokens=False)
+    # User-defined tokens (gemma's "\n\n", "<table>") are matched whole by llama.cpp, but not special.
+    user = [AddedToken(t, normalized=False, special=False) for i, t in enumerate(raw)
+            if i < len(types) and types[i] == _USER_DEFINED and t in vocab]
+    tok.add_tokens(user)
+    return tok
+
+
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus the model facts a server needs: BOS/EOS policy and chat template."""
 
@@ -162,30 +197,11 @@ class Tokenizer:
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens"):
             if key not in md:
                 raise ValueError(f"GGUF metadata has no {key}; cannot build a tokenizer")
-        kind, arch = md["tokenizer.ggml.model"], md.get("general.architecture", "")
-        if kind == "llama":
-            tok, tokens = _sentencepiece_backend(md, arch)
-        elif kind == "gpt2":
-            tok, tokens = _byte_level_backend(md)
-        else:
+        kind = md["tokenizer.ggml.model"]
+        if kind not in ("llama", "gpt2"):
             raise ValueError(f"unsupported GGUF tokenizer model {kind!r} (supported: 'llama', 'gpt2')")
-
-        ids = {name: md.get(f"tokenizer.ggml.{name}_token_id")
-               for name in ("bos", "eos", "unknown", "padding")}
-        types = list(md.get("tokenizer.ggml.token_type", []))
-        # Control tokens must match whole and be dropped on decode; a byte-level control token
-        # spelled outside the byte alphabet is a converter mislabel that the model never saw.
-        raw = md["tokenizer.ggml.tokens"]
-        named = {i for i in ids.values() if i is not None and i < len(tokens)}
-        special = [AddedToken(tokens[i], normalized=False, special=True) for i in range(len(tokens))
-                   if (i < len(types) and types[i] == _CONTROL and (kind != "gpt2" or tokens[i] == raw[i]))
-                   or i in named]
-        tok.add_special_tokens(special)
-        vocab = tok.get_vocab(with_added_tokens=False)
-        # User-defined tokens (gemma's "\n\n", "<table>") are matched whole by llama.cpp, but not special.
-        user = [AddedToken(t, normalized=False, special=False) for i, t in enumerate(raw)
-                if i < len(types) and types[i] == _USER_DEFINED and t in vocab]
-        tok.add_tokens(user)
+        tok = cached_backend(md, lambda: _gguf_backend(md))
+        ids = _special_ids(md)
 
         add_bos = md.get("tokenizer.ggml.add_bos_token")
         if add_bos is None:

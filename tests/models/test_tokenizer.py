@@ -109,9 +109,13 @@ def pair(request, tmp_path_factory):
         path = _smollm_gguf()
     else:
         path = _synthetic_llama_gguf(tmp_path_factory.mktemp("gguf"))
+    # Built, not read back from the tokenizer cache: these tests are about the builder.
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MIMO_TOKENIZER_CACHE", "off")
     start = time.perf_counter()
     ours = Tokenizer.from_gguf(path)
     elapsed = time.perf_counter() - start
+    mp.undo()
     assert elapsed < 10, f"building the tokenizer took {elapsed:.1f}s"
     ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     return ours, ref, path
