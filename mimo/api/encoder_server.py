@@ -3,7 +3,8 @@
 Routes (`--api-key` guards the internal ones):
     GET  /health
     POST /v1/internal/encode    encoder_wire frames both ways: preprocessed patches and
-                                their cache keys in, embeddings out (200); 400 for a frame
+                                their cache keys in, embeddings out (200), or a probe:
+                                keys in, the cached ones' embeddings out; 400 for a frame
                                 or items the tower cannot take, 401 without the key, 409
                                 when the caller expects another tower (fingerprint), 413
                                 over the size bound; errors in OpenAI's JSON shape
@@ -19,6 +20,7 @@ segment.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
@@ -108,9 +110,12 @@ class EncoderWorker:
             if fp != self.fingerprint:
                 raise APIError(409, f"this encoder serves tower {self.fingerprint[:16]}, "
                                     f"not {fp[:16]}", code="encoder_mismatch")
+            if items[0].pixels is None:
+                reply = await asyncio.to_thread(self._probe, [it.key for it in items])
+                return Response(ew.encode_reply(reply), media_type=ew.CONTENT_TYPE)
             job = EncodeJob(preprocessed=[
                 PreprocessedMedia("image", it.key, Patches(it.pixels, it.grid), None)
-                for it in items])
+                for it in items if it.pixels is not None])
             await self.stage.run(job)       # a StageError maps to 400 (bad items) or 500
             self.requests += 1
             self.items += len(items)
@@ -118,6 +123,19 @@ class EncoderWorker:
             return Response(ew.encode_reply(reply), media_type=ew.CONTENT_TYPE)
         except Exception as e:  # noqa: BLE001 - mapped to HTTP in the one place
             return error_response(e)
+
+    def _probe(self, keys: list[str]) -> ew.EncodeReply:
+        """Cached embeddings only (a miss is not counted: the pixels follow). With tower
+        processes (--encoder-workers N) their caches are theirs: every item is a miss."""
+        out = []
+        for k in keys:
+            e = self.cache.get(k) if self.cache is not None and k in self.cache else None
+            out.append(e)
+        self.requests += 1
+        self.items += sum(e is not None for e in out)
+        empty = torch.empty(0, 0)
+        return ew.EncodeReply(self.fingerprint, [e is not None for e in out],
+                              [e if e is not None else empty for e in out])
 
     async def stats(self, request) -> Response:
         try:

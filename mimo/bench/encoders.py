@@ -10,7 +10,8 @@ configuration but under fresh keys, so no run sees another's entries. Each encod
 cache holds `--local-items` items (`--embed-cache-bytes`); with the shared cache on, all of
 them sit in front of one `--shm-mb` segment. The hit rate is the fraction of items served
 from a cache (own or shared), as the encoders report it per item; `forwards` is the number
-of calls that ran the tower. Ends with one JSON line (the CPU and its flags included).
+of calls that ran the tower, `sent_mb` the request bytes on the wire (a probe by key
+first: only misses send their patches). Ends with one JSON line (the CPU and its flags included).
 """
 from __future__ import annotations
 
@@ -94,10 +95,12 @@ def _run(procs, routing: str, sequence: list[int], pixels, run_id: str) -> dict:
             reply = enc.encode(enc.route(key), [key], [(pixels[m % len(pixels)], GRID)])
             hits += reply.hits
             forwards += reply.forwarded
+        sent = enc.bytes_sent
     finally:
         enc.close()
     return {"routing": routing, "hit_rate": round(hits / len(sequence), 4), "hits": hits,
-            "forwards": forwards, "seconds": round(time.perf_counter() - t0, 2)}
+            "forwards": forwards, "sent_mb": round(sent / 2**20, 2),
+            "seconds": round(time.perf_counter() - t0, 2)}
 
 
 def run(args) -> int:
@@ -124,8 +127,8 @@ def run(args) -> int:
                     r["shm"] = shm_on
                     results.append(r)
                     print(f"shm {'on ' if shm_on else 'off'} {routing:11s} hit rate "
-                          f"{r['hit_rate']:.3f}  forwards {r['forwards']:5d}  "
-                          f"{r['seconds']:.1f} s", flush=True)
+                          f"{r['hit_rate']:.3f}  forwards {r['forwards']:5d}  sent "
+                          f"{r['sent_mb']:.1f} MB  {r['seconds']:.1f} s", flush=True)
             finally:
                 for p in procs:
                     p.stop()

@@ -8,8 +8,13 @@ Request (MAGIC_REQ, POST /v1/internal/encode, application/x-mimo-tensors): heade
 cache key (media hash, processor settings, salt), "grid": [t, h, w], "dtype", "shape":
 [patches, patch_dim]}]}; the tensor bytes are each item's pixel values, C order, in item
 order. Response (MAGIC_RES): header {"fingerprint", "items": [{"dtype", "shape": [rows,
-hidden], "hit": whether a cache served it}]} and each item's embeddings the same way. Sizes follow from dtype
-and shape; a body whose length, CRC or shapes do not add up is refused (`WireError`).
+hidden], "hit": whether a cache served it}]} and each item's embeddings the same way.
+Sizes follow from dtype and shape; a body whose length, CRC or shapes do not add up is
+refused (`WireError`).
+
+A probe (request header "probe": true, items without dtype and shape, no tensor bytes)
+asks for cached embeddings only: the reply gives a hit's embeddings and an empty [0, 0]
+tensor for a miss, whose pixels the caller then sends.
 """
 from __future__ import annotations
 
@@ -35,7 +40,7 @@ class WireError(ValueError):
 class EncodeItem:
     key: str
     grid: tuple[int, int, int]
-    pixels: torch.Tensor            # [patches, patch_dim]
+    pixels: torch.Tensor | None     # [patches, patch_dim]; None in a probe
 
 
 @dataclass(frozen=True)
@@ -105,10 +110,20 @@ def _tensors(specs: object, data: memoryview) -> list[torch.Tensor]:
 
 
 def encode_request(fingerprint: str, items: list[EncodeItem]) -> bytes:
+    px = [it.pixels for it in items if it.pixels is not None]
+    if len(px) != len(items):
+        raise WireError("every item of an encode request carries pixels")
     header = {"fingerprint": fingerprint,
-              "items": [{"key": it.key, "grid": list(it.grid), "dtype": _name(it.pixels.dtype),
-                         "shape": list(it.pixels.shape)} for it in items]}
-    return _frame(MAGIC_REQ, header, [it.pixels for it in items])
+              "items": [{"key": it.key, "grid": list(it.grid), "dtype": _name(p.dtype),
+                         "shape": list(p.shape)} for it, p in zip(items, px)]}
+    return _frame(MAGIC_REQ, header, px)
+
+
+def encode_probe(fingerprint: str, items: list[tuple[str, tuple[int, int, int]]]) -> bytes:
+    """(key, grid) per item: what the encoder's cache holds of them."""
+    header = {"fingerprint": fingerprint, "probe": True,
+              "items": [{"key": k, "grid": list(g)} for k, g in items]}
+    return _frame(MAGIC_REQ, header, [])
 
 
 def decode_request(body: bytes) -> tuple[str, list[EncodeItem]]:
@@ -116,9 +131,16 @@ def decode_request(body: bytes) -> tuple[str, list[EncodeItem]]:
     fp, specs = header.get("fingerprint"), header.get("items")
     if not isinstance(fp, str) or not isinstance(specs, list) or not specs:
         raise WireError("the header needs fingerprint (a string) and items (a non-empty list)")
-    tensors = _tensors(specs, data)
+    probe = header.get("probe", False)
+    if not isinstance(probe, bool):
+        raise WireError("probe must be a boolean")
+    if probe and len(data):
+        raise WireError("a probe carries no tensor bytes")
+    tensors: list = [None] * len(specs) if probe else _tensors(specs, data)
     items = []
     for i, (s, px) in enumerate(zip(specs, tensors)):
+        if not isinstance(s, dict):
+            raise WireError(f"item {i} is not an object")
         key, grid = s.get("key"), s.get("grid")
         if not isinstance(key, str) or not key:
             raise WireError(f"item {i}: key must be a non-empty string")

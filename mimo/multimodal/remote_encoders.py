@@ -14,6 +14,9 @@ a fresh connection first), answers 5xx, sends a malformed reply or serves anothe
 each key's next encoder on the ring (round-robin: the next live one), until one answers.
 With none left the call raises EncoderUnavailable (HTTP 503). Replies are checked (item
 count, rows per grid, fingerprint, CRC), so a bad reply is a retry, never a token.
+
+Pixels cross only for misses: a call first probes its encoder with the keys alone (the
+patches of one 448 x 448 image are about 4.8 MB), then sends the missing items' patches.
 """
 from __future__ import annotations
 
@@ -41,8 +44,10 @@ class _Down(Exception):
 class RemoteEncoders:
     def __init__(self, urls: list[str] | tuple[str, ...], fingerprint: str, dtype: torch.dtype,
                  merge: int, routing: str = "hash", api_key: str | None = None,
-                 retry_s: float = 5.0, timeout: float = 300.0, transport=None):
-        """`transport`: an httpx transport in place of the network (tests)."""
+                 retry_s: float = 5.0, timeout: float = 300.0, probe: bool = True,
+                 transport=None):
+        """`probe`: ask for cached embeddings by key before sending pixels; `transport`: an
+        httpx transport in place of the network (tests)."""
         if not urls:
             raise ValueError("remote encoders need at least one URL")
         if routing not in ROUTINGS:
@@ -54,6 +59,8 @@ class RemoteEncoders:
         self.names = list(self.urls)
         self.ring = ConsistentHashRing(self.urls)
         self.retried = 0                     # calls that moved to another encoder
+        self.probe = probe
+        self.bytes_sent = self.bytes_received = 0     # request and reply bodies
         self._down: dict[str, float] = {}    # url -> monotonic time it may be tried again
         self._lock = threading.Lock()
         self._turn = itertools.count()
@@ -128,9 +135,33 @@ class RemoteEncoders:
         return WorkerReply(embeds, hit, forwarded)
 
     def _call(self, url: str, keys: list[str], items: list) -> WorkerReply:
-        body = ew.encode_request(self.fingerprint, [
-            ew.EncodeItem(k, (int(g[0]), int(g[1]), int(g[2])), px.detach().cpu().float())
-            for k, (px, g) in zip(keys, items)])
+        """A probe first (keys only: the encoder's cache answers what it holds), then the
+        pixels of the misses alone; without probing, every item's pixels at once."""
+        grids = [(int(g[0]), int(g[1]), int(g[2])) for _, g in items]
+        embeds: list = [None] * len(keys)
+        hit = [False] * len(keys)
+        todo = list(range(len(keys)))
+        if self.probe:
+            reply = self._post(url, ew.encode_probe(self.fingerprint, list(zip(keys, grids))),
+                               len(keys))
+            for n, (was_hit, e) in enumerate(zip(reply.hit, reply.embeds)):
+                if was_hit:
+                    embeds[n], hit[n] = e, True
+            todo = [n for n in todo if not hit[n]]
+        forwarded = False
+        if todo:
+            reply = self._post(url, ew.encode_request(self.fingerprint, [
+                ew.EncodeItem(keys[n], grids[n], items[n][0].detach().cpu().float())
+                for n in todo]), len(todo))
+            for n, e, was_hit in zip(todo, reply.embeds, reply.hit):
+                embeds[n], hit[n] = e, was_hit
+            forwarded = not all(reply.hit)
+        for e, (t, h, w) in zip(embeds, grids):
+            if e.dim() != 2 or e.shape[0] != t * h * w // self.merge ** 2:
+                raise _Down(f"{tuple(e.shape)} embeddings for grid {(t, h, w)}")
+        return WorkerReply([e.to(self.dtype) for e in embeds], hit, forwarded)
+
+    def _post(self, url: str, body: bytes, n: int) -> ew.EncodeReply:
         for attempt in (1, 2):
             # A second try on a fresh connection first: the server may have closed an idle
             # keep-alive connection just as this request went out on it.
@@ -140,6 +171,8 @@ class RemoteEncoders:
             except httpx.HTTPError as e:
                 if attempt == 2:
                     raise _Down(f"{type(e).__name__}: {e}") from None
+        self.bytes_sent += len(body)
+        self.bytes_received += len(r.content)
         if r.status_code in (400, 413):         # this request, not the encoder
             raise MediaError(f"the encoder worker refused the media: {_message(r)}")
         if r.status_code != 200:
@@ -148,19 +181,12 @@ class RemoteEncoders:
             reply = ew.decode_reply(r.content)
         except ew.WireError as e:
             raise _Down(f"malformed reply: {e}") from None
-        self._check(reply, items)
-        return WorkerReply([e.to(self.dtype) for e in reply.embeds], list(reply.hit),
-                           not all(reply.hit))
-
-    def _check(self, reply: ew.EncodeReply, items: list) -> None:
         if reply.fingerprint != self.fingerprint:
             raise _Down(f"it serves another encoder ({reply.fingerprint[:12]}, not "
                         f"{self.fingerprint[:12]})")
-        if len(reply.embeds) != len(items) or len(reply.hit) != len(items):
-            raise _Down(f"{len(reply.embeds)} embeddings for {len(items)} items")
-        for e, (_, (t, h, w)) in zip(reply.embeds, items):
-            if e.shape[0] != t * h * w // self.merge ** 2:
-                raise _Down(f"{e.shape[0]} rows for grid {(t, h, w)}")
+        if len(reply.embeds) != n:
+            raise _Down(f"{len(reply.embeds)} embeddings for {n} items")
+        return reply
 
     def close(self) -> None:
         for c in self._http.values():

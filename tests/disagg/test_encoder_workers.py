@@ -228,16 +228,24 @@ def test_concurrent_requests_share_tower_forwards(procs):
     assert 1 <= forwards < 8
 
 
-def sockets(pid: int) -> int:
-    fds = f"/proc/{pid}/fd"
-    return sum(_is_socket(f"{fds}/{f}") for f in os.listdir(fds))
-
-
-def _is_socket(path: str) -> bool:
-    try:
-        return os.readlink(path).startswith("socket:")
-    except OSError:
-        return False
+def sockets_to(pid: int, ports: set[int]) -> int:
+    """TCP sockets the process holds (any state) whose peer is one of `ports` on loopback:
+    /proc/PID/fd names each socket's inode, /proc/PID/net/tcp its peer."""
+    inodes = set()
+    for f in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{f}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    with open(f"/proc/{pid}/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            cols = line.split()
+            if cols[9] in inodes and int(cols[2].split(":")[1], 16) in ports:
+                n += 1
+    return n
 
 
 def test_an_encoder_killed_mid_request(procs, shm_name):
@@ -254,7 +262,8 @@ def test_an_encoder_killed_mid_request(procs, shm_name):
     procs["a"].proc.wait(30)
     parts = [noise_png(500), ASK]
     same_answer(chat(front, parts), chat(ref, parts))          # b alone now
-    before = sockets(front.pid)
+    enc_ports = {relay.port, procs["b"].port}
+    assert sockets_to(front.pid, enc_ports) >= 1           # keep-alive to b: the check sees it
     assert shm_files(shm_name)                                # b still holds the segment
     os.kill(procs["b"].pid, signal.SIGKILL)
     procs["b"].proc.wait(30)
@@ -268,7 +277,7 @@ def test_an_encoder_killed_mid_request(procs, shm_name):
     text = chat(front, [ASK])                                 # no media: still served
     assert text.choices[0].finish_reason in ("length", "stop")
     front.assert_pools_idle()
-    assert sockets(front.pid) <= before
+    assert sockets_to(front.pid, enc_ports) == 0           # none kept to dead encoders
     # Both users died without detaching: the next one reclaims the segment, and leaves
     # nothing behind when it exits.
     from mimo.multimodal.shm_cache import SharedEmbedCache

@@ -43,3 +43,20 @@ def test_damaged_frames_are_refused():
     raw = ew.MAGIC_REQ + struct.pack("<I", len(header)) + header + bytes(4 * 24)
     with pytest.raises(ew.WireError, match="run past"):   # 5 x 6 floats declared, 4 x 6 sent
         ew.decode_request(raw + struct.pack("<I", zlib.crc32(raw)))
+
+
+def test_a_probe_carries_keys_only():
+    body = ew.encode_probe("t", [("k1", (1, 2, 2)), ("k2", (2, 4, 4))])
+    fp, items = ew.decode_request(body)
+    assert fp == "t" and [(i.key, i.grid, i.pixels) for i in items] == [
+        ("k1", (1, 2, 2), None), ("k2", (2, 4, 4), None)]
+    with pytest.raises(ew.WireError, match="carries pixels"):
+        ew.encode_request("t", items)
+    import json
+    import struct
+    import zlib
+    header = json.dumps({"fingerprint": "t", "probe": True,
+                         "items": [{"key": "k", "grid": [1, 2, 2]}]}).encode()
+    raw = ew.MAGIC_REQ + struct.pack("<I", len(header)) + header + bytes(8)
+    with pytest.raises(ew.WireError, match="no tensor bytes"):
+        ew.decode_request(raw + struct.pack("<I", zlib.crc32(raw)))

@@ -25,26 +25,35 @@ def embed_of(key: str) -> torch.Tensor:
 
 
 class Fakes:
+    """Each fake caches what it encoded; `calls` are the keys whose pixels it got,
+    `probes` the keys it was probed for."""
+
     def __init__(self):
         self.mode = {u: "ok" for u in URLS}
         self.calls: dict[str, list[str]] = {u: [] for u in URLS}
+        self.probes: dict[str, list[str]] = {u: [] for u in URLS}
+        self.cached: dict[str, set[str]] = {u: set() for u in URLS}
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         url = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         fp, items = ew.decode_request(request.read())
         mode = self.mode[url]
-        self.calls[url].extend(it.key for it in items)
+        probe = items[0].pixels is None
+        (self.probes if probe else self.calls)[url].extend(it.key for it in items)
         if mode == "refused":
             raise httpx.ConnectError("refused", request=request)
         if mode == "500":
             return httpx.Response(500, json={"error": {"message": "boom"}})
         if mode == "400":
             return httpx.Response(400, json={"error": {"message": "bad grid"}})
-        embeds = [embed_of(it.key) for it in items]
-        if mode == "rows":
+        hit = [it.key in self.cached[url] for it in items]
+        if not probe:
+            self.cached[url].update(it.key for it in items)
+        embeds = [embed_of(it.key) if h or not probe else torch.empty(0, 0)
+                  for it, h in zip(items, hit)]
+        if mode == "rows" and not probe:
             embeds = [e[:3] for e in embeds]
-        body = ew.encode_reply(ew.EncodeReply("other" if mode == "tower" else fp,
-                                              [False] * len(items), embeds))
+        body = ew.encode_reply(ew.EncodeReply("other" if mode == "tower" else fp, hit, embeds))
         if mode == "cut":
             body = body[:len(body) // 2]
         if mode == "corrupt":
@@ -52,13 +61,13 @@ class Fakes:
         return httpx.Response(200, content=body)
 
 
-def client(fakes, routing="hash", retry_s=60.0):
+def client(fakes, routing="hash", retry_s=60.0, probe=True):
     return RemoteEncoders(URLS, "tower", torch.float32, 2, routing, retry_s=retry_s,
-                          transport=httpx.MockTransport(fakes))
+                          probe=probe, transport=httpx.MockTransport(fakes))
 
 
 def items(keys):
-    return [(torch.zeros(16, 6), GRID) for _ in keys]
+    return [(torch.zeros(16, 1176), GRID) for _ in keys]     # 75 KB of patches each
 
 
 KEYS = [f"media-{i}" for i in range(40)]
@@ -89,8 +98,10 @@ def test_a_failing_encoders_items_go_to_the_next_on_the_ring(mode):
             assert fakes.calls[u] == [k for k in mine if rest.route(k) == u]
     assert all(enc.route(k) != dead for k in KEYS)       # out of the ring while down
     # A connection error is tried once more on a fresh connection (an idle keep-alive
-    # connection the server closed); a reply that came back is not.
-    assert fakes.calls[dead] == mine * (2 if mode == "refused" else 1)
+    # connection the server closed); a reply that came back is not. Only a bad reply to
+    # the pixels (wrong rows) comes after they were sent.
+    assert fakes.probes[dead] == mine * (2 if mode == "refused" else 1)
+    assert fakes.calls[dead] == (mine if mode == "rows" else [])
     assert enc.retried == 1
 
 
@@ -121,3 +132,22 @@ def test_none_left_is_encoder_unavailable_and_a_refused_item_a_media_error():
     with pytest.raises(MediaError, match="bad grid"):
         enc.encode(URLS[2], ["k"], items(["k"]))
     assert enc.route("k") in URLS and not enc._down          # the encoder is not blamed
+
+
+def test_pixels_cross_only_for_misses():
+    fakes = Fakes()
+    enc = client(fakes)
+    w = URLS[0]
+    first = enc.encode(w, KEYS[:3], items(KEYS[:3]))
+    assert first.hit == [False] * 3 and first.forwarded
+    sent = enc.bytes_sent
+    again = enc.encode(w, KEYS[:4], items(KEYS[:4]))      # three cached, one new
+    assert again.hit == [True, True, True, False]
+    for k, e in zip(KEYS[:4], again.embeds):
+        assert torch.equal(e, embed_of(k))
+    assert fakes.calls[w] == KEYS[:3] + KEYS[3:4]           # only the new one's pixels
+    assert enc.bytes_sent - sent < 2 * (sent // 3)          # a probe + one item's pixels
+    plain = client(Fakes(), probe=False)
+    plain.encode(w, KEYS[:3], items(KEYS[:3]))
+    plain.encode(w, KEYS[:3], items(KEYS[:3]))
+    assert plain.bytes_sent > 2 * sent * 0.9                # every item's pixels twice
