@@ -33,7 +33,7 @@ from mimo.engine.async_engine import AsyncEngine
 from mimo.engine.engine import LLMEngine
 from mimo.engine.parts import EngineParts
 from mimo.flags import add_engine_flags, engine_opts
-from mimo.kvcache.radix_cache import RadixPrefixCache
+from mimo.kvcache.radix.cache import RadixPrefixCache
 from mimo.llm import engine_config
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplingParams
-from ..kvcache.namespace import CacheScope, check_scope_string
+from ..kvcache.radix.namespace import CacheScope, check_scope_string
 from ..multimodal.item import MediaItem
 from ..structured.request import GrammarRequest
 from .content import valid_unicode

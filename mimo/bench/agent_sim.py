@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from array import array
 
-from ..kvcache.layout import shape_layout
+from ..kvcache.pool.layout import shape_layout
 from .agent_trace import Session, closed_loop, mooncake_chains
 from .sim_cache import CacheSim, prompt_tokens
 

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from ..bench.sim_tiers import TieredCacheSim
 from ..config import ConfigError, parse_size
-from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
-from ..kvcache.retention import POLICIES
+from ..kvcache.pool.layout import DTYPE_BYTES, KNOWN_SHAPES, shape_layout
+from ..kvcache.radix.retention import POLICIES
 from . import add_trace_arg
 from .kv_capacity import ideal_bound
 from .sim_cache import (

@@ -30,7 +30,7 @@ import time
 from mimo.config import QUANTIZE
 
 NAME = "flash-shape"
-# The real model's full-attention layers (48 layers: 9 full, 39 SWA); kvcache.layout's shape.
+# The real model's full-attention layers (48 layers: 9 full, 39 SWA); kvcache.pool.layout's shape.
 REAL_FULL_LAYERS = (0, 5, 11, 17, 23, 29, 35, 41, 47)
 SHAPE = dict(hidden=1024, layers=8, heads=16, kv_heads=1, experts=64, top_k=8,
              moe_intermediate=256, intermediate=4096, vocab=32768)

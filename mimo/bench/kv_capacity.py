@@ -20,9 +20,9 @@ import sys
 import time
 
 from ..config import CacheConfig, ConfigError, parse_size
-from ..kvcache.allocator import OutOfPages
-from ..kvcache.dual_pool import DualPool
-from ..kvcache.layout import DTYPE_BYTES, KNOWN_SHAPES, KVLayout, plan_pages, shape_layout
+from ..kvcache.pool.allocator import OutOfPages
+from ..kvcache.pool.dual_pool import DualPool
+from ..kvcache.pool.layout import DTYPE_BYTES, KNOWN_SHAPES, KVLayout, plan_pages, shape_layout
 
 NAME = "kv-capacity"
 

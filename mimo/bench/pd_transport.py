@@ -52,7 +52,7 @@ def payload(shape: str, dtype: str, tokens: int, page: int, seed: int = 0):
     import torch
 
     from ..kvcache.kv_payload import KVPayload
-    from ..kvcache.layout import shape_layout
+    from ..kvcache.pool.layout import shape_layout
     layout = shape_layout(shape, dtype)
     p = KVPayload.empty(layout, tokens, page, getattr(torch, dtype))
     g = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ retention policy names plus the last window (what window release leaves; after a
 only exact ones), insert prompt + output, free the duplicates, unlock.
 Timestamps are not replayed: no two requests hold locks at once, so the whole budget is
 cache, as between bursts on a real server. They only drive the tree's clock for sessions
-paused in a tool call (`request(paused=True, now=)`, held for `hold_s`: radix_hold.py).
+paused in a tool call (`request(paused=True, now=)`, held for `hold_s`: kvcache/radix/hold.py).
 
 The hit rate is token-weighted: matched prompt tokens / prompt tokens. `size_swa_share`
 picks the SWA pool's share of a budget from a sizing replay.
@@ -24,10 +24,10 @@ import time
 from array import array
 from pathlib import Path
 
-from ..kvcache.allocator import PageAllocator
-from ..kvcache.layout import KVLayout
-from ..kvcache.radix_tree import RadixTree
-from ..kvcache.retention import POLICIES, RetentionPolicy, window_first_page, window_pages
+from ..kvcache.pool.allocator import PageAllocator
+from ..kvcache.pool.layout import KVLayout
+from ..kvcache.radix.retention import POLICIES, RetentionPolicy, window_first_page, window_pages
+from ..kvcache.radix.tree import RadixTree
 
 BLOCK = 512
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..kvcache.retention import window_first_page
+from ..kvcache.radix.retention import window_first_page
 
 TIERS = ("L1", "L2", "L3")
 _M63 = np.uint64((1 << 63) - 1)

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..kvcache.radix_node import Node
-from ..kvcache.radix_tree import RadixTree
-from ..kvcache.retention import RetentionPolicy, window_pages
+from ..kvcache.radix.node import Node
+from ..kvcache.radix.retention import RetentionPolicy, window_pages
+from ..kvcache.radix.tree import RadixTree
 from .sim_cache import CacheSim
 from .sim_tier_store import (
     TIERS,

@@ -170,8 +170,8 @@ def _l3_hit(make, name: str, prompt, warm, repeats: int, url: str, res: dict):
 
 
 def _report(res: dict, hits: dict, layout, page: int) -> None:
-    from ..kvcache.layout import KVLayout
-    from ..kvcache.retention import window_pages
+    from ..kvcache.pool.layout import KVLayout
+    from ..kvcache.radix.retention import window_pages
     full_kv = KVLayout(layout.full + layout.swa, (), layout.window, layout.dtype_bytes,
                        hybrid=False)
     for name, (t, cached, read) in hits.items():

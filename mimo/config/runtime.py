@@ -7,7 +7,7 @@ from typing import Any
 
 from .base import ConfigError, _from_dict, parse_size
 
-# The prefix cache's SWA retention policies (kvcache/retention.py: POLICIES, same keys).
+# The prefix cache's SWA retention policies (kvcache/radix/retention.py: POLICIES, same keys).
 RETENTION_POLICIES = ("hybrid", "hybrid-output", "prompt-only", "keep-all")
 
 
@@ -21,8 +21,8 @@ class CacheConfig:
     swa_share: float | None = None
     planning_context: int | None = None
     layout: str = "hybrid"   # 'hybrid' (SWA layers hold only their window) or 'full-kv'
-    prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/radix_cache.py)
-    retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/retention.py)
+    prefix_cache: bool = True           # the SWA-aware prefix cache (kvcache/radix/cache.py)
+    retention: str = "hybrid-output"   # SWA retention policy of the prefix cache (kvcache/radix/retention.py)
     # A prefix whose SWA window is gone is reused by recomputing only the SWA layers' KV of
     # the receptive field before its end (RadixTree.match `rebuild`); False: cut it back.
     window_rebuild: bool = True
@@ -93,7 +93,7 @@ class SchedulerConfig:
 
 
 QUANTIZE = ("auto", "none", "int8", "gguf", "q8_0")
-# Names only (configs are data): gpu/backends.py and kvcache/retention.py hold what they mean.
+# Names only (configs are data): gpu/backends.py and kvcache/radix/retention.py hold what they mean.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu", "flashinfer")
 
 

@@ -12,8 +12,8 @@ import time
 import httpx
 
 from ..kvcache.kv_payload import full_kv_bytes
-from ..kvcache.layout import KVLayout
-from ..kvcache.namespace import CacheScope
+from ..kvcache.pool.layout import KVLayout
+from ..kvcache.radix.namespace import CacheScope
 from . import wire
 from .transfer_stats import TransferStats
 

@@ -18,8 +18,8 @@ from starlette.responses import StreamingResponse
 from ..api.body import read_json
 from ..api.errors import APIError, bad_request, error_response
 from ..kvcache.kv_payload import full_kv_bytes
-from ..kvcache.layout import KVLayout
-from ..kvcache.namespace import CacheScope
+from ..kvcache.pool.layout import KVLayout
+from ..kvcache.radix.namespace import CacheScope
 from . import wire
 from .transfer_stats import TransferStats
 

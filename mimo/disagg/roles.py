@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from ..config import ConfigError, ServerConfig
 from ..engine.async_engine import AsyncEngine
-from ..kvcache.layout import KVLayout
+from ..kvcache.pool.layout import KVLayout
 from .decode_generate import DecodeGenerate
 from .prefill_client import PrefillClient
 from .prefill_endpoint import PrefillEndpoint

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kvcache.kv_payload import KVPayload, payload_shapes
-from ..kvcache.layout import KVLayout
+from ..kvcache.pool.layout import KVLayout
 
 MAGIC = b"MIMOKV1\n"
 END = 0xFFFFFFFF

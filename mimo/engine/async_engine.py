@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..kvcache.namespace import CacheScope
+from ..kvcache.radix.namespace import CacheScope
 from .engine import LLMEngine
 from .errors import EngineStopped, StepFailed
 from .face import EngineInfo, EngineStats

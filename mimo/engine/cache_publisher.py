@@ -4,7 +4,7 @@ On the server's event loop, the publisher
 - registers the worker (its advertised URL) in the routing set and starts a new
   *incarnation*: a fresh id whose page sets start empty, the previous incarnation's deleted.
   A restarted worker is never credited with the prefixes its old process held;
-- writes the tree's changes (kvcache/cache_events.TreeMirror) to that incarnation's two page
+- writes the tree's changes (cache_mirror.TreeMirror) to that incarnation's two page
   sets (full KV held, SWA live), woken by every change so a conversation's next turn finds
   its previous turn published (one loopback round trip after the insert, well before the
   client has read the answer and sent the next request);
@@ -13,7 +13,7 @@ On the server's event loop, the publisher
   the tiers it can load from (a host tier; the shared store's `storage_id`) and the load
   (uncached prompt tokens queued and running). The page sets' TTL is renewed with it, so a
   dead worker's sets go away by themselves;
-- with tiers (kvcache/cache_events.TierMirror), writes its host tier's page sets (per
+- with tiers (cache_mirror.TierMirror), writes its host tier's page sets (per
   incarnation, like the tree's) and what it learns of the shared store to that store's sets
   (shared by every worker on it: added to and removed from, never rewritten whole).
 A Redis error loses nothing: the publisher retries with a back-off, and once Redis answers
@@ -29,12 +29,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA, KeyChain
 from ..redis_client import open_redis
+from ..router import cache_events as ce
+from .cache_mirror import TierMirror, TreeMirror
 from .face import EngineInfo, EngineStats
 
-log = logging.getLogger("mimo.router.publish")
+log = logging.getLogger(__name__)
 
 _CHUNK = 2000       # members per SADD / SREM
 # The shared store's sets outlive any one worker (the store does); renewed by heartbeats.
@@ -53,11 +54,11 @@ class CachePublisher:
         tree = getattr(cache, "tree", None)
         self.mode = "off" if tree is None else tree.mode
         self.keys = KeyChain(info.fingerprint, info.page_size)
-        self.mirror = ce.TreeMirror(tree, self.keys) if tree is not None else None
+        self.mirror = TreeMirror(tree, self.keys) if tree is not None else None
         self.window = info.window
         self.rebuild = tree.rebuild if tree is not None else 0
         host, storage = getattr(cache, "host", None), getattr(cache, "storage", None)
-        self.tiers = (ce.TierMirror(host, storage)
+        self.tiers = (TierMirror(host, storage)
                       if host is not None or storage is not None else None)
         self.has_host = host is not None
         store_url = getattr(getattr(cache, "cfg", None), "kv_storage", None)

@@ -10,10 +10,10 @@ import torch
 
 from ..config import ConfigError, EngineConfig
 from ..gpu.backends import make_backend
-from ..kvcache.allocator import OutOfPages
-from ..kvcache.dual_pool import DualPool
-from ..kvcache.layout import KVLayout, plan_pages
-from ..kvcache.namespace import CacheScope
+from ..kvcache.pool.allocator import OutOfPages
+from ..kvcache.pool.dual_pool import DualPool
+from ..kvcache.pool.layout import KVLayout, plan_pages
+from ..kvcache.radix.namespace import CacheScope
 from ..models import registry
 from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
 from .errors import EngineBroken, RequestError, StepFailed
@@ -109,7 +109,7 @@ class LLMEngine:
 
     def _add_tiers(self, config: EngineConfig, loaded) -> None:
         """Put host memory and storage tiers under the L1 radix cache (kvcache/tiers/)."""
-        from ..kvcache.radix_cache import RadixPrefixCache
+        from ..kvcache.radix.cache import RadixPrefixCache
         from ..kvcache.tiers.build import build_tiers, weights_identity
         from ..kvcache.tiers.keys import model_fingerprint
         if not isinstance(self.cache, RadixPrefixCache):

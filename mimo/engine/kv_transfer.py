@@ -25,8 +25,8 @@ from ..kvcache.kv_payload import KVPayload, export_payload, import_payload
 from .sequence import NO_CACHE, Sequence, Status
 
 if TYPE_CHECKING:
-    from ..kvcache.dual_pool import DualPool
-    from ..kvcache.prefix_cache import PrefixCache
+    from ..kvcache.pool.dual_pool import DualPool
+    from ..kvcache.radix.prefix_cache import PrefixCache
     from .scheduled_chunk import ScheduledChunk
     from .scheduler import Scheduler
 

@@ -24,8 +24,8 @@ from .decode_step import DecodeStep, PlainDecode
 from .prefill_planner import ChunkedPrefill, PrefillPlanner
 
 if TYPE_CHECKING:
-    from ..kvcache.dual_pool import DualPool
-    from ..kvcache.prefix_cache import PrefixCache
+    from ..kvcache.pool.dual_pool import DualPool
+    from ..kvcache.radix.prefix_cache import PrefixCache
 
 PrefixCacheFactory = Callable[["DualPool"], "PrefixCache | None"]
 
@@ -43,7 +43,7 @@ class EngineParts:
             return self.prefix_cache(pool)
         if not cache.prefix_cache:
             return None
-        from ..kvcache.radix_cache import RadixPrefixCache
+        from ..kvcache.radix.cache import RadixPrefixCache
         return RadixPrefixCache(pool, cache.retention, rebuild=cache.window_rebuild)
 
     def build_prefill(self) -> PrefillPlanner:

@@ -7,8 +7,8 @@ import torch
 
 from ..gpu.attention import AttentionBackend, TorchAttention, build_attn_batch
 from ..gpu.paged_metadata import build_paged_metadata
-from ..kvcache.dual_pool import DualPool
-from ..kvcache.seq_kv import SeqKV
+from ..kvcache.pool.dual_pool import DualPool
+from ..kvcache.pool.seq_kv import SeqKV
 from ..models.context import ForwardContext
 from .scheduler import ScheduledChunk
 from .sequence import Sequence

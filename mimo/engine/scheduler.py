@@ -50,15 +50,15 @@ import time
 from typing import TYPE_CHECKING
 
 from ..config import SchedulerConfig
-from ..kvcache.layout import swa_steady_pages, swa_transient_pages
+from ..kvcache.pool.layout import swa_steady_pages, swa_transient_pages
 from .policy import WaitingPolicy, make_policy
 from .prefill_planner import ChunkedPrefill, PrefillPlanner
 from .scheduled_chunk import ScheduledChunk
 from .sequence import NO_CACHE, Sequence, Status
 
 if TYPE_CHECKING:
-    from ..kvcache.dual_pool import DualPool
-    from ..kvcache.prefix_cache import PrefixCache
+    from ..kvcache.pool.dual_pool import DualPool
+    from ..kvcache.radix.prefix_cache import PrefixCache
 
 __all__ = ["Scheduler", "ScheduledChunk"]
 

@@ -6,8 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..kvcache.namespace import CacheScope, request_namespace
-from ..kvcache.seq_kv import SeqKV
+from ..kvcache.pool.seq_kv import SeqKV
+from ..kvcache.radix.namespace import CacheScope, request_namespace
 from .sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .layout import KVLayout
+from .pool.layout import KVLayout
 
 if TYPE_CHECKING:
-    from .dual_pool import DualPool
-    from .seq_kv import SeqKV
+    from .pool.dual_pool import DualPool
+    from .pool.seq_kv import SeqKV
 
 
 def _cdiv(a: int, b: int) -> int:

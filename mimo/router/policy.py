@@ -47,7 +47,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..kvcache.retention import window_first_page
+from ..kvcache.radix.retention import window_first_page
 from ..kvcache.tiers.hit_plan import best_hit, window_of
 
 

@@ -17,13 +17,13 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..kvcache.namespace import request_namespace
+from ..kvcache.radix.namespace import request_namespace
 
 
 @dataclass(frozen=True)
 class Prompt:
     ids: list[int]
-    namespace: Hashable = None      # the tree's key space (kvcache.namespace: media, salt)
+    namespace: Hashable = None      # the tree's key space (kvcache.radix.namespace: media, salt)
 
 
 class PromptBuilder:

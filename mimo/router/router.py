@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from ..kvcache.namespace import check_scope_string
-from ..kvcache.retention import window_pages
+from ..kvcache.radix.namespace import check_scope_string
+from ..kvcache.radix.retention import window_pages
 from ..kvcache.tiers.keys import KeyChain
 from . import policy
 from .config import RouterConfig

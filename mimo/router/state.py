@@ -1,4 +1,4 @@
-"""The routers' shared state in Redis (names: kvcache/cache_events.py).
+"""The routers' shared state in Redis (names: cache_events.py).
 
 What one decision reads, in two round trips: the workers' heartbeats and the live routers
 (one hash slot), then every live router's in-flight counts and, per worker, which of the
@@ -22,9 +22,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from ..kvcache import cache_events as ce
 from ..kvcache.tiers.keys import FULL, SWA
 from ..redis_client import open_redis
+from . import cache_events as ce
 
 # A router's in-flight counts outlive it by this much (a killed router's requests weigh on
 # their workers' load until then); renewed every health interval, so at least 3 of those.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..engine.sampling_params import SamplingParams
-from ..kvcache.namespace import CacheScope
+from ..kvcache.radix.namespace import CacheScope
 from ..multimodal.decoded import DecodedMedia
 from ..multimodal.item import MediaItem
 from ..multimodal.mm_prompt import MMPrompt

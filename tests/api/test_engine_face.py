@@ -19,8 +19,8 @@ from mimo.engine.engine import LLMEngine
 from mimo.engine.face import ContextTooLong, fit
 from mimo.engine.sampling_params import SamplingParams
 from mimo.engine.snapshot import engine_stats
-from mimo.kvcache.cache_events import heartbeat_key
 from mimo.llm import engine_config
+from mimo.router.cache_events import heartbeat_key
 
 ENGINE_THREAD = "mimo-engine"
 

@@ -6,10 +6,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from mimo.api.metrics import Metrics
 from mimo.engine.face import EngineStats
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import shape_layout
-from mimo.kvcache.radix_cache import RadixPrefixCache
-from mimo.kvcache.retention import RetentionPolicy
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import shape_layout
+from mimo.kvcache.radix.cache import RadixPrefixCache
+from mimo.kvcache.radix.retention import RetentionPolicy
 
 
 def samples(metrics: Metrics) -> dict:

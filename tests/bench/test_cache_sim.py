@@ -18,8 +18,8 @@ from mimo.bench.sim_cache import (
     prompt_tokens,
     size_swa_share,
 )
-from mimo.kvcache.layout import shape_layout
-from mimo.kvcache.retention import POLICIES
+from mimo.kvcache.pool.layout import shape_layout
+from mimo.kvcache.radix.retention import POLICIES
 
 TRACES = Path(__file__).resolve().parents[2] / "data" / "traces"
 CONVERSATION = TRACES / "conversation_trace.jsonl"

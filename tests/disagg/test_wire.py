@@ -11,7 +11,7 @@ import torch
 
 from mimo.disagg import wire
 from mimo.kvcache.kv_payload import KVPayload
-from mimo.kvcache.layout import KVLayout, LayerKV
+from mimo.kvcache.pool.layout import KVLayout, LayerKV
 
 LAYOUT = KVLayout(full=(LayerKV(2, 4, 4),), swa=(LayerKV(1, 4, 2), LayerKV(1, 4, 2)),
                   window=8, dtype_bytes=4)

@@ -13,7 +13,7 @@ from mimo.engine.decode_step import PlainDecode
 from mimo.engine.engine import EngineBroken, StepFailed
 from mimo.engine.parts import EngineParts
 from mimo.engine.prefill_planner import ChunkedPrefill
-from mimo.kvcache.allocator import OutOfPages
+from mimo.kvcache.pool.allocator import OutOfPages
 
 OPTS = dict(dtype="float32", kv_cache_memory="4MiB", page_size=4, max_num_batched_tokens=16,
             progress=False)

@@ -16,7 +16,7 @@ import pytest
 from helpers.sched_harness import Harness
 
 from mimo.config import CacheConfig
-from mimo.kvcache.layout import plan_pages, shape_layout
+from mimo.kvcache.pool.layout import plan_pages, shape_layout
 
 
 def _harness(dtype: str) -> Harness:

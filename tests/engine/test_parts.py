@@ -8,7 +8,7 @@ from mimo import LLM, SamplingParams
 from mimo.engine.decode_step import DecodeStep
 from mimo.engine.parts import EngineParts
 from mimo.engine.prefill_planner import ChunkedPrefill
-from mimo.kvcache.radix_cache import RadixPrefixCache
+from mimo.kvcache.radix.cache import RadixPrefixCache
 
 OPTS = dict(dtype="float32", kv_cache_memory="4MiB", page_size=8, max_num_batched_tokens=32,
             progress=False)

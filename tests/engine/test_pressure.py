@@ -86,8 +86,8 @@ def test_decoding_past_the_locked_window_lets_go_of_it():
     (its prompt's end). The lock lets go of those pages as window release drops them from
     the table: they stay cached but evictable, the request's SWA need is its steady window
     again (nothing pinned outside its table), and its full lock stays."""
-    from mimo.kvcache.allocator import EVICTABLE, IN_USE
-    from mimo.kvcache.layout import swa_steady_pages
+    from mimo.kvcache.pool.allocator import EVICTABLE, IN_USE
+    from mimo.kvcache.pool.layout import swa_steady_pages
     h = Harness(window=6, page=2, chunk=64)
     seq = h.add(_tokens(30, seed=2), max_tokens=20)
     h.step()                                        # the whole prompt: cached, locked

@@ -8,8 +8,8 @@ from helpers.kv_checks import check_map, live_swa_pages
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import KVLayout, LayerKV, swa_steady_pages
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import KVLayout, LayerKV, swa_steady_pages
 
 
 def test_truncate_frees_pages_past_the_length_in_both_pools():

@@ -20,9 +20,9 @@ from mimo.engine.scheduler import ScheduledChunk
 from mimo.engine.sequence import Sequence
 from mimo.gpu.attention import AttentionBackend, TorchAttention
 from mimo.gpu.paged_metadata import build_paged_metadata
-from mimo.kvcache.allocator import IN_USE
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import KVLayout, LayerKV
+from mimo.kvcache.pool.allocator import IN_USE
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import KVLayout, LayerKV
 from mimo.models.context import ForwardContext
 
 P, W, HQ = 4, 6, 4

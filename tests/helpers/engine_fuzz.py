@@ -37,9 +37,9 @@ from mimo import LLM, SamplingParams
 from mimo.engine.engine import RequestError, StepFailed
 from mimo.engine.parts import EngineParts
 from mimo.engine.prefill_planner import ChunkedPrefill
-from mimo.kvcache.allocator import EVICTABLE, FREE, IN_USE, OutOfPages
-from mimo.kvcache.layout import swa_steady_pages, swa_transient_pages
-from mimo.kvcache.retention import POLICIES
+from mimo.kvcache.pool.allocator import EVICTABLE, FREE, IN_USE, OutOfPages
+from mimo.kvcache.pool.layout import swa_steady_pages, swa_transient_pages
+from mimo.kvcache.radix.retention import POLICIES
 from mimo.models.hf_config import model_config_from_hf
 from mimo.models.registry import LoadedModel
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.seq_kv import SeqKV
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.seq_kv import SeqKV
 
 
 def live_swa_pages(kv: SeqKV) -> int:

@@ -19,9 +19,9 @@ from mimo.engine.prefill_planner import PrefillPlanner
 from mimo.engine.sampling_params import SamplingParams
 from mimo.engine.scheduler import Scheduler
 from mimo.engine.sequence import Sequence
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import KVLayout, LayerKV
-from mimo.kvcache.radix_cache import RadixPrefixCache
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import KVLayout, LayerKV
+from mimo.kvcache.radix.cache import RadixPrefixCache
 
 
 def next_token(ids: list[int]) -> int:

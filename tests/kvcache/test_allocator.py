@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mimo.kvcache.allocator import DoubleFree, OutOfPages, PageAllocator
+from mimo.kvcache.pool.allocator import DoubleFree, OutOfPages, PageAllocator
 
 
 def snapshot(a: PageAllocator):

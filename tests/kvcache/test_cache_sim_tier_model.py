@@ -17,8 +17,8 @@ import pytest
 
 from mimo.bench.sim_cache import CacheSim, ideal_hit_rates, load_trace, prompt_tokens
 from mimo.bench.sim_tiers import TieredCacheSim, chain, full_keys, namespace_base, page_hashes
-from mimo.kvcache.layout import KVLayout, LayerKV, shape_layout
-from mimo.kvcache.retention import RetentionPolicy, window_pages
+from mimo.kvcache.pool.layout import KVLayout, LayerKV, shape_layout
+from mimo.kvcache.radix.retention import RetentionPolicy, window_pages
 
 P, W = 4, 8
 LAYOUT = KVLayout((LayerKV(1, 4, 4),), (LayerKV(1, 4, 4),) * 2, W, 2)      # 16 / 32 B a token

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from mimo.config import ModelConfig
-from mimo.kvcache.allocator import OutOfPages
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import (
+from mimo.kvcache.pool.allocator import OutOfPages
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import (
     KVLayout,
     LayerKV,
     shape_layout,

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from mimo.kvcache.kv_tensors import KVTensors
-from mimo.kvcache.layout import LayerKV
+from mimo.kvcache.pool.kv_tensors import KVTensors
+from mimo.kvcache.pool.layout import LayerKV
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mimo.config import CacheConfig, ConfigError, ModelConfig, parse_size
-from mimo.kvcache.layout import (
+from mimo.kvcache.pool.layout import (
     KVLayout,
     LayerKV,
     plan_pages,

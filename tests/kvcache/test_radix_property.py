@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from mimo.kvcache.allocator import IN_USE, OutOfPages, PageAllocator
-from mimo.kvcache.radix_tree import RadixTree
-from mimo.kvcache.retention import RetentionPolicy
+from mimo.kvcache.pool.allocator import IN_USE, OutOfPages, PageAllocator
+from mimo.kvcache.radix.retention import RetentionPolicy
+from mimo.kvcache.radix.tree import RadixTree
 
 # Prompts share prefixes often: a cut of one of a few base sequences (which themselves
 # share prefixes of several lengths) plus a short random tail.

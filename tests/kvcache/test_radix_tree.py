@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from helpers.radix_model import brute_match, flatten
 
-from mimo.kvcache.allocator import EVICTABLE, IN_USE, PageAllocator
-from mimo.kvcache.radix_tree import RadixTree
-from mimo.kvcache.retention import RetentionPolicy
+from mimo.kvcache.pool.allocator import EVICTABLE, IN_USE, PageAllocator
+from mimo.kvcache.radix.retention import RetentionPolicy
+from mimo.kvcache.radix.tree import RadixTree
 
 P, W = 4, 8
 KEEP = RetentionPolicy(keep_all=True)

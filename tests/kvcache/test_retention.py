@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from mimo.kvcache.allocator import PageAllocator
-from mimo.kvcache.radix_tree import SPECULATIVE, RadixTree
-from mimo.kvcache.retention import POLICIES, RetentionPolicy, window_first_page, window_pages
+from mimo.kvcache.pool.allocator import PageAllocator
+from mimo.kvcache.radix.retention import POLICIES, RetentionPolicy, window_first_page, window_pages
+from mimo.kvcache.radix.tree import SPECULATIVE, RadixTree
 
 
 def test_window_pages_match_window_release():

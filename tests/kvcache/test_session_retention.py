@@ -9,10 +9,10 @@ import torch
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
-from mimo.kvcache.allocator import PageAllocator
-from mimo.kvcache.namespace import CacheScope
-from mimo.kvcache.radix_tree import RadixTree
-from mimo.kvcache.retention import RetentionPolicy
+from mimo.kvcache.pool.allocator import PageAllocator
+from mimo.kvcache.radix.namespace import CacheScope
+from mimo.kvcache.radix.retention import RetentionPolicy
+from mimo.kvcache.radix.tree import RadixTree
 
 P, W = 4, 8
 

@@ -11,8 +11,8 @@ import time
 
 import redis
 
-from mimo.kvcache import cache_events as ce
 from mimo.kvcache.tiers.keys import FULL, KeyChain
+from mimo.router import cache_events as ce
 from mimo.router.config import RouterConfig
 from mimo.router.policy import prompt_pages
 from mimo.router.prompt import Prompt

@@ -16,7 +16,7 @@ from kvcache.test_radix_property import (
     TreeMachine,
 )
 
-from mimo.kvcache.cache_events import TreeMirror
+from mimo.engine.cache_mirror import TreeMirror
 from mimo.kvcache.tiers.keys import FULL, SWA, KeyChain
 from mimo.router.policy import predicted_tokens
 
@@ -99,9 +99,9 @@ TestFullKV.settings = settings(SETTINGS, max_examples=40)
 def test_a_listener_error_never_reaches_the_tree_and_the_mirror_recovers():
     """A broken node key (standing for a bug in the listener) must not fail the insert: the
     mirror rebuilds itself from the whole tree and asks the publisher for a full rewrite."""
-    from mimo.kvcache.allocator import PageAllocator
-    from mimo.kvcache.radix_tree import RadixTree
-    from mimo.kvcache.retention import RetentionPolicy
+    from mimo.kvcache.pool.allocator import PageAllocator
+    from mimo.kvcache.radix.retention import RetentionPolicy
+    from mimo.kvcache.radix.tree import RadixTree
     fa, sa = PageAllocator(32, "full"), PageAllocator(32, "swa")
     tree = RadixTree(4, 3, fa, sa, RetentionPolicy(keep_all=True))
     m = TreeMirror(tree, KeyChain(b"fp", 4))

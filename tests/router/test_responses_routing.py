@@ -17,7 +17,7 @@ import pytest
 import redis
 from helpers.redis_servers import RedisServer
 
-from mimo.kvcache import cache_events as ce
+from mimo.router import cache_events as ce
 from mimo.router import policy
 from mimo.router.config import RouterConfig
 from mimo.router.prompt import Prompt

@@ -16,8 +16,9 @@ import pytest
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
-from mimo.kvcache.cache_events import L2_FULL, L2_SWA, TierMirror, TreeMirror
+from mimo.engine.cache_mirror import TierMirror, TreeMirror
 from mimo.kvcache.tiers.keys import FULL, SWA
+from mimo.router.cache_events import L2_FULL, L2_SWA
 from mimo.router.policy import prompt_pages, tiered
 
 PAGE, W = 4, 8

@@ -7,7 +7,7 @@ import torch
 from test_encode import Recorder, tower  # noqa: F401 - the fixture
 from test_encode_cache import media
 
-from mimo.kvcache.namespace import CacheScope
+from mimo.kvcache.radix.namespace import CacheScope
 from mimo.multimodal.embed_cache import EmbedCache
 from mimo.stages import ChatRequest
 from mimo.stages.encode import EncodeStage

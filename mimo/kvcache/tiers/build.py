@@ -6,7 +6,7 @@ import hashlib
 import torch
 
 from ...config import ConfigError, TierConfig
-from ..radix_cache import RadixPrefixCache
+from ..radix.cache import RadixPrefixCache
 from .host_pool import HostPool
 from .keys import FULL, SWA, KeyChain
 from .page_io import PageIO

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..retention import window_pages
+from ..radix.retention import window_pages
 
 
 def best_hit(full_ok: Sequence[bool], swa_ok: Sequence[bool] | None, window: int,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..allocator import EVICTABLE, IN_USE, PageAllocator
+from ..pool.allocator import EVICTABLE, IN_USE, PageAllocator
 
 
 class HostStore:

@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from ..layout import KVLayout
+from ..pool.layout import KVLayout
 
 DIGEST = 16     # bytes per key: collisions are out of reach at 2^64 pages
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from ..pool import KVPool
+from ..pool.kv_pool import KVPool
 
 
 class LayerReady:

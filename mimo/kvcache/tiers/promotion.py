@@ -13,9 +13,9 @@ from .hit_plan import best_hit, window_of
 from .keys import FULL, SWA
 
 if TYPE_CHECKING:
-    from ..dual_pool import DualPool
-    from ..radix_cache import RadixPrefixCache
-    from ..radix_tree import RadixTree
+    from ..pool.dual_pool import DualPool
+    from ..radix.cache import RadixPrefixCache
+    from ..radix.tree import RadixTree
     from .host_pool import HostPool
     from .keys import KeyChain
     from .page_io import PageIO

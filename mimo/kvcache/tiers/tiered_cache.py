@@ -28,10 +28,10 @@ from collections import OrderedDict
 from collections.abc import Hashable
 
 from ...config import TierConfig
-from ..prefix_cache import PrefixCache
-from ..radix_cache import RadixPrefixCache
-from ..radix_node import Node
-from ..seq_kv import SeqKV
+from ..pool.seq_kv import SeqKV
+from ..radix.cache import RadixPrefixCache
+from ..radix.node import Node
+from ..radix.prefix_cache import PrefixCache
 from .hit_plan import best_hit, window_of
 from .host_pool import HostPool
 from .keys import FULL, SWA, KeyChain, node_keys

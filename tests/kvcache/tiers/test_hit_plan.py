@@ -2,7 +2,7 @@
 full KV on pages [0, n) and SWA on the window before n * P (window_pages, the L1 rule)."""
 import random
 
-from mimo.kvcache.retention import window_pages
+from mimo.kvcache.radix.retention import window_pages
 from mimo.kvcache.tiers.hit_plan import best_hit
 
 

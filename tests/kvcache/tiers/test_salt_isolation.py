@@ -10,7 +10,7 @@ import torch
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
-from mimo.kvcache.namespace import CacheScope
+from mimo.kvcache.radix.namespace import CacheScope
 
 PAGE, N = 4, 256
 HIT = (N - 1) // PAGE * PAGE

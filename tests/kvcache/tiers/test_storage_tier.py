@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from mimo.kvcache.dual_pool import DualPool
-from mimo.kvcache.layout import KVLayout, LayerKV
-from mimo.kvcache.retention import window_pages
+from mimo.kvcache.pool.dual_pool import DualPool
+from mimo.kvcache.pool.layout import KVLayout, LayerKV
+from mimo.kvcache.radix.retention import window_pages
 from mimo.kvcache.tiers.file_store import FileStore
 from mimo.kvcache.tiers.keys import FULL, SWA, KeyChain
 from mimo.kvcache.tiers.page_io import PageIO

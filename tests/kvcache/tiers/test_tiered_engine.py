@@ -10,7 +10,7 @@ import torch
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
-from mimo.kvcache.retention import window_pages
+from mimo.kvcache.radix.retention import window_pages
 from mimo.kvcache.tiers.page_io import PageIO
 
 PAGE, N = 4, 4200

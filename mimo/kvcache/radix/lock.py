@@ -1,10 +1,10 @@
-"""Locks of the SWA-aware radix tree (the invariants are in radix_tree.py): a running request
+"""Locks of the SWA-aware radix tree (the invariants are in tree.py): a running request
 keeps the full KV of its cached path and the SWA window before its end from eviction, and
 lets go of that window page by page as its decoding moves past it (`unpin`)."""
 from __future__ import annotations
 
-from .radix_evict import EvictMixin
-from .radix_node import Node
+from .evict import EvictMixin
+from .node import Node
 
 
 class LockMixin(EvictMixin):

@@ -21,8 +21,8 @@ import itertools
 import time
 from collections.abc import Callable, Hashable
 
-from .radix_lock import LockMixin
-from .radix_node import PAUSED, PROTECTED, Node
+from .lock import LockMixin
+from .node import PAUSED, PROTECTED, Node
 
 
 class HoldMixin(LockMixin):          # LockMixin builds on EvictMixin, on TreeCore

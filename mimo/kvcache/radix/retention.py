@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import RETENTION_POLICIES
+from ...config import RETENTION_POLICIES
 
 
 def window_first_page(end: int, window: int, page: int) -> int:

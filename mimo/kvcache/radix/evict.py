@@ -9,7 +9,7 @@ stale entries are skipped when they reach the top):
   A node on the path of every request (a system prompt) stays young in the node order while
   its checkpoint, which only requests stopping there use, can age in the SWA order.
 When the SWA pool needs pages, whichever candidate is older goes first (speculative windows,
-see `radix_tree.py`, are older than anything else).
+see `tree.py`, are older than anything else).
 
 With window rebuild (`RadixTree.rebuild` > 0) a window freed alone costs at most a receptive
 field of recomputation, while a leaf dropped for its SWA loses all of its full KV. So the
@@ -27,8 +27,8 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from .allocator import EVICTABLE, IN_USE
-from .radix_node import EVICTED_SWA, TreeCore
+from ..pool.allocator import EVICTABLE, IN_USE
+from .node import EVICTED_SWA, TreeCore
 from .retention import window_first_page
 
 

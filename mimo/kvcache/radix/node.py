@@ -1,6 +1,6 @@
 """Nodes of the SWA-aware radix tree and the structural helpers the tree is built from.
 
-See `radix_tree.py` for the rules. Positions are token positions from the root; logical
+See `tree.py` for the rules. Positions are token positions from the root; logical
 page g covers positions [g * P, (g + 1) * P); a node covers pages [start / P, end / P).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .retention import window_first_page
 if TYPE_CHECKING:
     import numpy as np
 
-    from .allocator import PageAllocator
+    from ..pool.allocator import PageAllocator
     from .retention import RetentionPolicy
 
 NO_SWA = -1            # tombstone: this page's SWA KV was never kept (outside every window)
@@ -24,7 +24,7 @@ EVICTED_SWA = -2       # tombstone: it was kept, then freed by SWA-only eviction
 SPECULATIVE = 1 << 40   # SWA-time handicap: dense-grid windows, superseded cached ends
 # A session's head start in both LRU orders: younger than any keyless use for 2**38 ticks (a
 # tick per match or insert), and less than SPECULATIVE, so a session's speculative windows
-# still go before keyless firm ones. A session paused in a tool call: PAUSED (radix_hold.py).
+# still go before keyless firm ones. A session paused in a tool call: PAUSED (hold.py).
 PROTECTED = 1 << 38
 PAUSED = 1 << 39
 

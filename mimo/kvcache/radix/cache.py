@@ -30,12 +30,12 @@ from __future__ import annotations
 
 from typing import cast
 
-from .dual_pool import DualPool
+from ..pool.dual_pool import DualPool
+from ..pool.seq_kv import SeqKV
+from .node import Node
 from .prefix_cache import COUNTERS, PrefixCache
-from .radix_node import Node
-from .radix_tree import RadixTree
 from .retention import POLICIES, RetentionPolicy
-from .seq_kv import SeqKV
+from .tree import RadixTree
 
 
 def _locked(seq: SeqKV) -> Node | None:

@@ -3,7 +3,7 @@
 The scheduler holds one `PrefixCache` (or None: no caching) and calls only these methods, so
 another cache (a different tree, a tiered store, an external KV service) plugs in without
 touching the scheduler or the decode step (`EngineParts.prefix_cache`). The SWA-aware radix
-tree's is `RadixPrefixCache` (radix_cache.py), the default.
+tree's is `RadixPrefixCache` (cache.py), the default.
 
 Ownership rule every implementation keeps: a page it shares with a request is never freed by
 `DualPool.free_seq` (the cache attaches itself to the pool as its `PageOwner`, whose
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from .seq_kv import SeqKV
+from ..pool.seq_kv import SeqKV
 
 
 class PrefixCache(ABC):

@@ -16,7 +16,7 @@ Invariants (all checked by `check_integrity`):
 - every leaf's end is reachable (window-safe): insert trims to the last safe point, SWA
   eviction never frees a protected leaf's tail window, evicting a leaf trims its parent.
   Relaxed with window rebuild: a leaf longer than a receptive field may lose its window
-  (`radix_evict._protects`), and one under a rebuild lock or an `unpin`ned lock may end in
+  (`evict._protects`), and one under a rebuild lock or an `unpin`ned lock may end in
   a dead window (unlocking trims it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
@@ -30,8 +30,8 @@ running request's prefill chunks leave keep their write time until it ends (then
 not its checkpoints are demoted): else its later chunks evict them before idle windows.
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
-holding every layer, every cached prefix reusable) and 'off' (no caching). Files: radix_lock.py
-(locks), radix_evict.py (eviction, integrity), radix_hold.py (paused sessions), radix_node.py.
+holding every layer, every cached prefix reusable) and 'off' (no caching). Files: lock.py
+(locks), evict.py (eviction, integrity), hold.py (paused sessions), node.py.
 """
 from __future__ import annotations
 
@@ -41,9 +41,9 @@ from typing import Protocol
 
 import numpy as np
 
-from .allocator import PageAllocator
-from .radix_hold import HoldMixin
-from .radix_node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Node  # noqa: F401
+from ..pool.allocator import PageAllocator
+from .hold import HoldMixin
+from .node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Node  # noqa: F401
 from .retention import RetentionPolicy, window_first_page
 
 MODES = ("hybrid", "full-kv", "off")
@@ -71,7 +71,7 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         self.hybrid = mode == "hybrid"
         # The SWA receptive field (tokens) its users rebuild windows with, 0: no rebuild
         # (`match`). Besides the default for matches, it decides which leaves may end where
-        # their window is gone (see the invariants above and `radix_evict.py`).
+        # their window is gone (see the invariants above and `evict.py`).
         self.rebuild = rebuild if self.hybrid else 0
         self.full_alloc, self.swa_alloc = full_alloc, swa_alloc
         self.policy = policy or RetentionPolicy()
@@ -86,12 +86,12 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
         self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
         self._heap_cap = 65536                  # compact a heap that grows past this
-        self._holds, self._hold_seq = [], itertools.count()     # (radix_hold.py)
+        self._holds, self._hold_seq = [], itertools.count()     # (hold.py)
         # Called with (node, local full pages, local SWA pages) just before eviction frees
         # them, while their KV is still intact: a lower tier copies them down (write-back).
         self._evict_slot: Callable[[Node, list[int], list[int]], None] | None = None
         # Observers of what the tree holds beside that slot (the router's cache publishing,
-        # kvcache/cache_events.py): told of every insert and, after the slot, every eviction.
+        # engine/cache_mirror.py): told of every insert and, after the slot, every eviction.
         self.listeners: list[TreeListener] = []
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0, held=0,

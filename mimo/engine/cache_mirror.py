@@ -1,4 +1,4 @@
-"""What a worker's prefix tree holds, as page keys, for the cache-aware router.
+"""What a worker's caches hold, as page keys, for the cache-aware router to predict with.
 
 `TreeMirror` listens to the radix tree (`RadixTree.listeners`) and keeps two sets of the
 tiers' chained page keys (tiers/keys.py): pages whose full KV the tree holds, and pages whose
@@ -9,78 +9,31 @@ gives the window-safe length `RadixTree.match` would cut it to. The router reads
 from Redis and applies the same rule (`mimo.router.predict`).
 
 Changes are coalesced in `delta` (key -> present or not) until the publisher drains them
-(engine/cache_publisher.py); `snapshot` gives the whole state for a resync after Redis was
-away. Listener calls come from the engine thread, drains from the event loop: one lock.
+(cache_publisher.py); `snapshot` gives the whole state for a resync after Redis was away.
+Listener calls come from the engine thread, drains from the event loop: one lock.
 
 `TierMirror` does the same for the tiers below (partial credit): the keys of the
 worker's host tier (L2), exact (`HostStore.on_change`), and what the worker learned of the
 shared store (L3): names it stored or found there, and names it found missing
 (`StorageTier.on_seen`). A store evicts by its own policy (Redis's LRU, a disk cap) without
 telling anyone, so the L3 sets are learned: an entry gone is dropped once some worker's
-lookup misses it.
-
-Redis names live here too (one place for the worker and the router). Every router key shares
-the hash tag {mimo:rt} (one Redis Cluster slot: heartbeats, membership, in-flight counts,
-read together); each worker incarnation's page sets share their own tag, so the bulky part
-spreads over a cluster.
+lookup misses it. The Redis names of these sets are in `router/cache_events.py`.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from urllib.parse import urlsplit
 
-from .radix_node import Node
-from .radix_tree import RadixTree
-from .tiers.keys import FULL, SWA, KeyChain, node_keys
+from ..kvcache.radix.node import Node
+from ..kvcache.radix.tree import RadixTree
+from ..kvcache.tiers.keys import FULL, SWA, KeyChain, node_keys
+from ..router.cache_events import L2_FULL, L2_SWA
 
-L2_FULL, L2_SWA = "hf", "hs"        # a worker's host-tier page sets (kinds of pages_key)
 _L3_KNOWN_CAP = 1 << 20             # L3 keys a worker remembers, to rewrite after an outage
 
-log = logging.getLogger("mimo.router.publish")
-
-PREFIX = "{mimo:rt}"
-WORKERS = PREFIX + ":workers"                 # set: worker URLs in the routing set
-ROUTERS = PREFIX + ":routers"                 # zset: router id -> last seen (ms)
-
-
-def heartbeat_key(url: str) -> str:
-    return f"{PREFIX}:hb:{url}"
-
-
-def incarnation_key(url: str) -> str:
-    """The worker's last incarnation (no TTL): a restart deletes that one's page sets."""
-    return f"{PREFIX}:inc:{url}"
-
-
-def inflight_key(router_id: str) -> str:
-    return f"{PREFIX}:fl:{router_id}"
-
-
-def pages_key(incarnation: str, kind: str) -> str:
-    return f"{{mimo:pk:{incarnation}}}:{kind}"
-
-
-def l3_key(store: str, kind: str) -> str:
-    """The pages one shared store holds (`store`: `storage_id`), every worker's writes."""
-    return f"{{mimo:l3:{store}}}:{kind}"
-
-
-def storage_id(fingerprint: bytes, url: str) -> str:
-    """Names one shared store of one model's KV: workers that read the same store with the
-    same keys give the same id (credentials are not part of it)."""
-    parts = urlsplit(url)
-    where = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()
-    return hashlib.blake2b(fingerprint + where.encode(), digest_size=8).hexdigest()
-
-
-def pending_key(incarnation: str, kind: str) -> str:
-    """Routers' zset of pages that requests in flight to the worker will leave cached
-    (score: expiry, ms): a request arriving meanwhile is credited with them."""
-    return f"{{mimo:pk:{incarnation}}}:p{kind}"
+log = logging.getLogger(__name__)
 
 
 class _KeyDelta:

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .allocator import OutOfPages
+from .kv_pool import KVPool
 from .layout import KVLayout
 from .page_owner import NO_OWNER, PageOwner
-from .pool import KVPool
 from .seq_kv import SeqKV
 
 if TYPE_CHECKING:
