@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import pytest
@@ -183,3 +184,44 @@ def test_a_killed_users_segment_is_reclaimed_and_removed(name):
         assert again.shared_stats()["entries"] == 0
         assert again.get("k1") is None
     assert files(name) == []
+
+
+WRITER = textwrap.dedent("""
+    import sys, random, torch
+    sys.path.insert(0, {root!r}); sys.path.insert(0, {tests!r})
+    from mimo.multimodal.shm_cache import SharedEmbedCache
+    from multimodal.test_shm_cache import value_of
+    c = SharedEmbedCache({name!r}, 8 << 20, "fp")
+    rng = random.Random({seed})
+    print("writing", flush=True)
+    while True:                                  # until SIGKILLed, most likely mid-put
+        k = "w%d" % rng.randrange(200)
+        c.put(k, value_of(k, 20000 + int.from_bytes(k.encode(), "little") % 20000))
+""")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_writer_killed_mid_put_leaves_no_wrong_entry(name, seed):
+    """The segment outlives the writer (this process holds it): whatever the kill
+    interrupted is a miss, every hit is the right value, and the lock is free."""
+    rng = random.Random(seed)
+    with SharedEmbedCache(name, 8 << 20, "fp") as c:
+        for _ in range(2):
+            code = WRITER.format(root=ROOT, tests=os.path.join(ROOT, "tests"), name=name,
+                                 seed=rng.randrange(1 << 30))
+            p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+            assert p.stdout.readline().strip() == "writing"
+            time.sleep(rng.uniform(0.2, 0.8))
+            p.send_signal(signal.SIGKILL)
+            p.wait(30)
+            p.stdout.close()
+            hits = 0
+            for i in range(200):
+                k = f"w{i}"
+                got = c.get(k)
+                if got is not None:
+                    hits += 1
+                    assert torch.equal(got, value_of(k, 20000 + int.from_bytes(
+                        k.encode(), "little") % 20000)), k
+            assert hits > 0
+        assert not c.reclaimed
