@@ -228,6 +228,33 @@ def test_concurrent_requests_share_tower_forwards(procs):
     assert 1 <= forwards < 8
 
 
+def test_an_encoder_with_tower_processes_joins_the_segment(procs, vlm_dir, shm_name):
+    """`--role encoder --encoder-workers 2`: the towers run in two processes behind one
+    endpoint, each cache in front of the same segment as the other encoders'."""
+    from mimo.multimodal import encoder_wire as ew
+    pool = ServerProcess("--role", "encoder", "--model", str(vlm_dir), "--dtype", "float32",
+                         "--encoder-workers", "2", "--encoder-shm-cache-mb", "16",
+                         "--encoder-shm-name", shm_name)
+    try:
+        fp = httpx.get(procs["a"].url + "/v1/internal/encoder").json()["fingerprint"]
+        assert httpx.get(pool.url + "/v1/internal/encoder").json()["fingerprint"] == fp
+        g = torch.Generator().manual_seed(21)
+        its = [ew.EncodeItem(f"pool-{uuid.uuid4()}", (1, 8, 8), torch.randn(64, 1176, generator=g))
+               for _ in range(2)]
+        post = lambda url, body: ew.decode_reply(httpx.post(         # noqa: E731
+            url + "/v1/internal/encode", content=body, timeout=120).content)
+        by_a = post(procs["a"].url, ew.encode_request(fp, its[:1]))
+        assert post(pool.url, ew.encode_probe(fp, [(its[0].key, its[0].grid)])).hit == [False]
+        got = post(pool.url, ew.encode_request(fp, its))
+        assert got.hit == [True, False]            # a's item through shared memory
+        assert torch.equal(got.embeds[0], by_a.embeds[0])
+        by_b = post(procs["b"].url, ew.encode_request(fp, its[1:]))
+        assert by_b.hit == [True]                  # the pool's item, the other way
+        torch.testing.assert_close(got.embeds[1], by_b.embeds[0], rtol=0, atol=0)
+    finally:
+        pool.stop()
+
+
 def sockets_to(pid: int, ports: set[int]) -> int:
     """TCP sockets the process holds (any state) whose peer is one of `ports` on loopback:
     /proc/PID/fd names each socket's inode, /proc/PID/net/tcp its peer."""
