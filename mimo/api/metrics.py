@@ -30,10 +30,16 @@ Prefix cache (when it is on):
       window by a window rebuild (recomputing only the SWA receptive field before the end)
   mimo_prefix_cache_paused_sessions_total           answers that ended in a tool call, their
       KV then held after everything else for --tool-pause-hold seconds
+
+Remote encoders (with --encoder-worker):
+  mimo_encoder_retries_total              calls that failed on an encoder and moved on
+  mimo_encoder_request_bytes_total        bytes sent to encoders (probes, misses' patches)
+  mimo_encoder_workers_down               encoders out of the ring now
 """
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -162,6 +168,16 @@ class _EncoderCollector:
                 ("mimo_embed_cache_misses", "Media items not in the embedding cache", enc.cache_misses),
                 ("mimo_encoder_forwards", "Vision-encoder forward passes run", self.encode.forwards)):
             yield CounterMetricFamily(name, doc, value=value)
+        remote: Any = getattr(enc, "pool", None)
+        if remote is not None and hasattr(remote, "down_count"):    # --encoder-worker
+            yield CounterMetricFamily("mimo_encoder_retries", "Calls to a remote encoder that "
+                                      "failed and moved to the next one", value=remote.retried)
+            yield CounterMetricFamily("mimo_encoder_request_bytes", "Bytes sent to remote "
+                                      "encoders (probes and misses' patches)",
+                                      value=remote.bytes_sent)
+            yield GaugeMetricFamily("mimo_encoder_workers_down", "Remote encoders marked down "
+                                    "now (out of the ring until their retry time)",
+                                    value=remote.down_count())
 
 
 def _prefix_cache(c: Mapping[str, int]):

@@ -99,6 +99,11 @@ class RemoteEncoders:
                 return self.ring.route(key)
             return ConsistentHashRing(live).route(key)     # the next live one clockwise
 
+    def down_count(self) -> int:
+        """Encoders marked down now."""
+        with self._lock:
+            return len(self.urls) - len(self._live())
+
     def _mark_down(self, url: str, why: str) -> None:
         with self._lock:
             if url not in self._down:

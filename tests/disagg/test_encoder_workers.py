@@ -286,6 +286,8 @@ def test_an_encoder_killed_mid_request(procs, shm_name):
         same_answer(chat(front, parts), chat(ref, parts))
         seed += 2
     assert relay.cut, "no item was routed to encoder a"
+    assert counter(front, "mimo_encoder_retries_total") >= 1
+    assert counter(front, "mimo_encoder_workers_down") == 1
     procs["a"].proc.wait(30)
     parts = [noise_png(500), ASK]
     same_answer(chat(front, parts), chat(ref, parts))          # b alone now
