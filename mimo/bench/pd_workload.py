@@ -174,7 +174,9 @@ def transfer_figures(pre0: dict, pre1: dict, dec0: dict, dec1: dict) -> dict:
     prefill, send = d(s0, s1, "prefill_seconds"), d(s0, s1, "send_seconds")
     recv = d(r0, r1, "seconds")
     return {"transfers": int(d(r0, r1, "transfers")), "failed": int(d(r0, r1, "failed")),
-            "recomputed": int(d(r0, r1, "recomputed")), "wire_bytes": int(wire),
+            "recomputed": int(d(r0, r1, "recomputed")),
+            # payloads that arrived but could not be placed: run whole on the decode worker
+            "import_recomputed": int(d(r0, r1, "import_recomputed")), "wire_bytes": int(wire),
             "kv_bytes": int(d(r0, r1, "kv_bytes")), "full_kv_bytes": int(full),
             "kv_bytes_ratio": round(wire / full, 4) if full else None,
             "prefill_s": round(prefill, 3), "send_s": round(send, 4),

@@ -72,6 +72,9 @@ def role_routes(server, stage: DecodeGenerate | None) -> list[Route]:
         if stage is not None:
             out["received"] = stage.client.stats.as_dict()
             out["received"]["recomputed"] = stage.recomputed
+            # the engine's side: admitted on transferred KV, or run here after all
+            out["received"]["imported"] = st.kv_imported
+            out["received"]["import_recomputed"] = st.kv_import_recomputed
         return JSONResponse(out)
     routes.append(Route("/v1/internal/kv_transfers", stats, methods=["GET"]))
     return routes

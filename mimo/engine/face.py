@@ -140,3 +140,7 @@ class EngineStats:
     kernels: str = "torch"              # the CPU kernel build in use
     weights: str = "none"               # decode weight format
     dtype: str = ""
+    # Requests that arrived with their prompt KV (mimo/disagg's decode role): admitted on
+    # it, and run from scratch here instead (a payload this engine could not place).
+    kv_imported: int = 0
+    kv_import_recomputed: int = 0

@@ -64,7 +64,8 @@ def engine_stats(engine: LLMEngine, steps: int) -> EngineStats:
         cache=_frozen(cache.counters()) if cache is not None else None,
         tiers=tier_stats(cache) if isinstance(cache, TieredPrefixCache) else None,
         cpu=info.model, cpu_flags=info.flags, kernels=engine.weights.kernels,
-        weights=engine.weights.format, dtype=engine.config.runtime.dtype)
+        weights=engine.weights.format, dtype=engine.config.runtime.dtype,
+        kv_imported=engine.transfers.imported, kv_import_recomputed=engine.transfers.recomputed)
 
 
 def tier_stats(c: TieredPrefixCache) -> TierStats:

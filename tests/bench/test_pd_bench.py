@@ -51,7 +51,8 @@ def test_same_tokens_and_transfer_figures_by_hand():
     assert same_tokens(a, [{**a[0], "out": 3}, a[1]]) == (False, [0])
     assert same_tokens(a, [a[0], {**a[1], "error": "HTTP 500"}]) == (False, [1])
     assert same_tokens(a, a[:1]) == (False, [1])
-    zero = {"transfers": 0, "failed": 0, "recomputed": 0, "wire_bytes": 0, "kv_bytes": 0,
+    zero = {"transfers": 0, "failed": 0, "recomputed": 0, "import_recomputed": 0,
+            "wire_bytes": 0, "kv_bytes": 0,
             "full_kv_bytes": 0, "seconds": 0.0, "prefill_seconds": 0.0, "send_seconds": 0.0}
     pre0 = {"sent": {**zero, "prefill_seconds": 1.0, "send_seconds": 0.5}}
     pre1 = {"sent": {**zero, "prefill_seconds": 11.0, "send_seconds": 0.7}}
@@ -99,7 +100,8 @@ def test_quick_run_reports_every_figure(tmp_path):
     assert out["same_tokens"] is True and out["differing"] == {"pd": [], "colocated": []}
     prompts = [len(r["prompt"]) for r in requests(Workload(**out["workload"]))]
     t = out["pd"]["transfer"]
-    assert t["transfers"] == len(prompts) and t["failed"] == t["recomputed"] == 0
+    assert t["transfers"] == len(prompts)
+    assert t["failed"] == t["recomputed"] == t["import_recomputed"] == 0
     assert t["kv_bytes"] == sum(_window_bytes(n) for n in prompts)
     assert t["full_kv_bytes"] == sum(n * (2 * 40 + 6 * 80) * 4 for n in prompts)
     assert 0 < t["wire_bytes"] - t["kv_bytes"] < 4096 * len(prompts)

@@ -14,6 +14,7 @@ from helpers.tiny_models import (
 )
 
 from mimo import LLM, SamplingParams
+from mimo.engine.snapshot import engine_stats
 from mimo.kvcache.kv_payload import full_kv_bytes, payload_shapes
 
 SEEDS = [0, 1] if os.environ.get("CI") else [0, 1, 2, 3]
@@ -135,6 +136,12 @@ def test_payload_that_does_not_fit_is_recomputed(models):
     seq = _decode(dec.engine, ids, params, payload, first)
     assert seq.output_ids == ref and seq.finish_reason == "length"
     assert dec.engine.transfers.recomputed == 1 and dec.engine.transfers.imported == 0
+    st = engine_stats(dec.engine, 0)        # what a decode worker reports over HTTP
+    assert (st.kv_imported, st.kv_import_recomputed) == (0, 1)
+    seq = _decode(dec.engine, ids, params, _prefill(_llm(loaded, True).engine, ids)[1], None)
+    assert seq.output_ids == ref
+    st = engine_stats(dec.engine, 0)
+    assert (st.kv_imported, st.kv_import_recomputed) == (1, 1)
     dec.engine.check_integrity()
 
 
