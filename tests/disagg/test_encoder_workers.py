@@ -166,7 +166,9 @@ def counter(proc, name: str) -> float:
 ASKS = [[image(str(media_path("astronaut.png"))), ASK],
         [image(str(media_path("rocket.jpg"))), ASK],
         [image(str(media_path("coffee.png"))), image(str(media_path("rocket.jpg"))), ASK],
-        [noise_png(1), noise_png(2), noise_png(3), ASK]]
+        [noise_png(1), noise_png(2), noise_png(3), ASK],
+        [{"type": "video_url", "video_url": {"url": str(media_path("nasa_13013.mp4")),
+                                             "max_frames": 4}}, ASK]]
 
 
 @pytest.mark.parametrize("front", ["front", "nopc"])
