@@ -257,6 +257,30 @@ def test_an_encoder_with_tower_processes_joins_the_segment(procs, vlm_dir, shm_n
         pool.stop()
 
 
+def test_an_encoder_with_a_key_refuses_callers_without_it(vlm_dir):
+    from mimo.multimodal import encoder_wire as ew
+    from mimo.multimodal.remote_encoders import RemoteEncoders
+    enc = ServerProcess("--role", "encoder", "--model", str(vlm_dir), "--dtype", "float32",
+                        "--api-key", "sekret")
+    try:
+        for path in ("/v1/internal/encoder", "/v1/internal/encode"):
+            r = httpx.request("GET" if path.endswith("encoder") else "POST", enc.url + path,
+                              content=b"" if path.endswith("encode") else None)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        fp = httpx.get(enc.url + "/v1/internal/encoder",
+                       headers={"Authorization": "Bearer sekret"}).json()["fingerprint"]
+        px = torch.randn(64, 1176, generator=torch.Generator().manual_seed(3))
+        keyed = RemoteEncoders([enc.url], fp, torch.float32, 2, api_key="sekret")
+        assert keyed.encode(enc.url, ["k"], [(px, (1, 8, 8))]).embeds[0].shape[0] == 16
+        keyed.close()
+        assert httpx.get(enc.url + "/health").status_code == 200      # health needs no key
+        r = httpx.post(enc.url + "/v1/internal/encode", content=ew.encode_probe(fp, [("k", (1, 8, 8))]),
+                       headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+    finally:
+        enc.stop()
+
+
 def sockets_to(pid: int, ports: set[int]) -> int:
     """TCP sockets the process holds (any state) whose peer is one of `ports` on loopback:
     /proc/PID/fd names each socket's inode, /proc/PID/net/tcp its peer."""
