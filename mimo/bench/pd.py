@@ -18,7 +18,9 @@ sending against prefill time. After the colocated arm, every request runs again 
 one of its workers (its own cache namespace: no hits): the single-worker reference.
 `same_tokens`: every pd answer equals the reference in text and token count, greedy
 (`colocated_same_tokens` likewise; `differing` lists the requests that do not). Pools are
-checked whole and idle on every worker after each arm (/metrics).
+checked whole and idle on every worker after each arm (/metrics). Last, for a model of a
+known shape, one long prompt's KV is moved over the direct stream and over the Redis tier
+path (`pd_transport`, `--transport-reps`; redis-server on PATH): `transport` in the JSON.
 
     python -m mimo.bench pd [--model gemma-3-270m] [--plot docs/pd.png] [--quick]
 
@@ -72,6 +74,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     for f in dataclasses.fields(Workload):
         p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(w, f.name)),
                        default=None, help=f"workload: {f.name} (default {getattr(w, f.name)})")
+    p.add_argument("--transport-reps", type=int, default=3,
+                   help="also move one long prompt's KV over the direct stream and the Redis "
+                        "tier path (bench pd-transport) this many times; 0: skip (skipped for "
+                        "a model without a known shape)")
     p.add_argument("--plot", default=None, help="write the figure to this PNG")
     return p
 
@@ -161,6 +167,14 @@ def _arm(name: str, args, model: str, reqs: list[dict], warm: dict) -> dict:
                 p.stop()
 
 
+def _kv_dtype(shape: str, full_kv_bytes: int, tokens: int) -> str:
+    """The workers' KV dtype, from the full-KV bytes they counted for `tokens` tokens."""
+    from ..kvcache.kv_payload import full_kv_bytes as per
+    from ..kvcache.pool.layout import shape_layout
+    f32 = per(shape_layout(shape, "float32"), tokens)
+    return "float32" if full_kv_bytes == f32 else "bfloat16"
+
+
 def measure(args) -> dict:
     w = _workload(args)
     reqs = requests(w)
@@ -194,6 +208,13 @@ def measure(args) -> dict:
            "transfer_fraction": t.get("transfer_fraction"),
            "pd": arms["pd"]["summary"], "colocated": arms["colocated"]["summary"],
            "cpu": info.model, "cpu_flags": sorted(info.flags)}
+    from ..kvcache.pool.layout import KNOWN_SHAPES
+    if args.transport_reps > 0 and not args.quick and args.model in KNOWN_SHAPES and t:
+        from .pd_transport import measure as transport
+        dtype = _kv_dtype(args.model, t["full_kv_bytes"], sum(len(r["prompt"]) for r in reqs))
+        _log(f"transport: {w.long_tokens}-token KV, direct stream vs Redis ({dtype})")
+        out["transport"] = transport(args.model, [w.long_tokens], dtype,
+                                     reps=args.transport_reps)["rows"][0]
     if args.plot:
         from .pd_plot import plot
         plot(args.plot, {k: v["records"] for k, v in arms.items()}, out)

@@ -67,6 +67,13 @@ def test_same_tokens_and_transfer_figures_by_hand():
     assert t["transfer_overhead_fraction"] == pytest.approx(0.25)   # (12.5 - 10) / 10
 
 
+def test_kv_dtype_read_from_the_counted_bytes():
+    from mimo.bench.pd import _kv_dtype
+    per_token = 18 * 2 * 256                   # gemma-3-270m: 18 layers, K and V of 256
+    assert _kv_dtype("gemma-3-270m", per_token * 4 * 700, 700) == "float32"
+    assert _kv_dtype("gemma-3-270m", per_token * 2 * 700, 700) == "bfloat16"
+
+
 def test_workload_is_seeded_and_as_stated():
     w = Workload(short=20, long=5, seed=3)
     r = requests(w)
