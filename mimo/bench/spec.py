@@ -48,6 +48,8 @@ def add_parser(subparsers):
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--quantize", default="auto", choices=list(QUANTIZE))
     p.add_argument("--kv-cache-memory", default="512MiB", help="KV budget of each engine")
+    p.add_argument("--fused-decode", default="auto", choices=["auto", "off"],
+                   help="decode layers as one C++ call each (auto) or the plain layers (off)")
     return p
 
 
@@ -127,7 +129,7 @@ def run(args) -> int:
     model, loaded = _load(args)
     common = dict(progress=False, loaded=loaded, dtype=args.dtype, quantize=args.quantize,
                   num_threads=args.threads, max_num_seqs=max(1, args.streams),
-                  kv_cache_memory=args.kv_cache_memory)
+                  kv_cache_memory=args.kv_cache_memory, fused_decode=args.fused_decode)
     llms = {"off": LLM(model, **common),
             "on": LLM(model, speculative=args.drafter,
                       num_draft_tokens=args.num_draft_tokens, **common)}
@@ -166,6 +168,7 @@ def run(args) -> int:
            "dtype": llms["off"].engine.config.runtime.dtype,
            "weights": llms["off"].engine.weights.format,
            "kernels": llms["off"].engine.weights.kernels,
+           "fused_layers": llms["off"].engine.weights.fused_layers,
            "cpu": cpu_info().model, "cpu_flags": sorted(cpu_info().flags),
            "decode_tps_off": round(off, 2), "decode_tps_on": round(on, 2),
            "speedup": round(on / off, 3), "speedup_median_of_pairs": round(median, 3),

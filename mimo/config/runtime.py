@@ -138,6 +138,10 @@ class RuntimeConfig:
     # 'auto' (on where it is captured in CUDA graphs: CUDA, a paged backend, a model whose
     # decode never reads back to the host). On CPU 'on' runs the same padded step eagerly.
     decode_graphs: str = "auto"
+    # Decode steps with gguf or q8_0 weights run each decoder layer as one C++ call
+    # (models/fused_decode.py): 'auto' (on where the CPU kernels load and the layer is of a
+    # shape they run) or 'off' (the plain PyTorch layers, the reference).
+    fused_decode: str = "auto"
 
     def __post_init__(self):
         if self.dtype == "auto":
@@ -164,6 +168,8 @@ class RuntimeConfig:
                               f"not {self.attention_backend!r}")
         if self.decode_graphs not in ("auto", "on", "off"):
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")
+        if self.fused_decode not in ("auto", "off"):
+            raise ConfigError(f"fused_decode must be auto or off, not {self.fused_decode!r}")
 
     def weight_format(self, gguf_blocks: bool, kernels: bool) -> str:
         """The decode weights to use ('gguf', 'q8_0', 'int8' or 'none') for a model that

@@ -23,7 +23,9 @@ from .features import chosen_isa
 
 log = logging.getLogger("mimo.cpu")
 
-_SRCS = [Path(__file__).parent / "csrc" / n for n in ("qkernels.cpp", "attention.cpp")]
+_SRCS = [Path(__file__).parent / "csrc" / n
+         for n in ("qkernels.cpp", "attention.cpp", "decode_ops.cpp", "decode_attention.cpp")]
+_HEADERS = [Path(__file__).parent / "csrc" / n for n in ("kernels.h", "vec_math.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DMIMO_ISA_AVX2"],
     "avx512-vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
@@ -45,7 +47,7 @@ def _import(name: str, so: Path) -> ModuleType:
 def cache_dir(isa: str) -> Path:
     root = Path(os.environ.get("MIMO_KERNEL_CACHE", Path.home() / ".cache" / "mimo" / "kernels"))
     h = hashlib.sha256(" ".join(_FLAGS[isa]).encode())
-    for src in _SRCS:
+    for src in _SRCS + _HEADERS:
         h.update(src.read_bytes())
     digest = h.hexdigest()[:12]
     return root / f"{isa}-torch{torch.__version__.replace('+', '_')}-{digest}"

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 
 from ..config import RuntimeConfig
-from ..cpu import extension
+from ..cpu import decode_ops, extension
 from ..cpu.features import cpu_info
 from ..models.quantized import QuantReport, quantize_q8_0, use_gguf_blocks
 from ..models.registry import LoadedModel
@@ -20,6 +20,7 @@ class Weights:
     format: str                   # 'gguf', 'q8_0', 'int8' or 'none'
     kernels: str                  # the CPU kernel build ('avx2', 'avx512-vnni') or 'torch'
     report: QuantReport | None    # what the block formats hold
+    fused_layers: int = 0         # decoder layers whose decode steps run as one C++ call
 
 
 def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
@@ -37,6 +38,11 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
     kernels = ext.isa() if ext is not None and report is not None else "torch"
-    log.info("CPU %s; dtype %s, decode weights %s, kernels %s%s", cpu_info().summary(),
-             rt.dtype, fmt, kernels, f": {report.summary()}" if report else "")
-    return Weights(fmt, kernels, report)
+    fused = 0
+    if report is not None and rt.fused_decode == "auto" and hasattr(model, "fuse_decode"):
+        ops = decode_ops.load()
+        fused = model.fuse_decode(ops) if ops is not None else 0
+    log.info("CPU %s; dtype %s, decode weights %s, kernels %s%s; fused decode layers: %d",
+             cpu_info().summary(), rt.dtype, fmt, kernels,
+             f": {report.summary()}" if report else "", fused)
+    return Weights(fmt, kernels, report, fused)

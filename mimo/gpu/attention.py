@@ -55,6 +55,7 @@ class AttnBatch:
     # Rows whose K/V are written (None: every row). A window rebuild recomputes positions
     # whose full-layer KV is already cached in shared pages: those rows are not written.
     write_rows: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None   # [B] int64: keys each decode row reads (unpadded)
 
 
 def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:
@@ -105,6 +106,7 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
         batch.decode_rows = torch.tensor(dec_rows, dtype=torch.int64, device=device)
         batch.decode_slots = idx.to(device)
         batch.decode_mask = mask
+        batch.decode_lens = torch.tensor(lens, dtype=torch.int64, device=device)
         batch.all_decode = not prefills and dec_rows == list(range(len(dec_rows)))
     return batch
 

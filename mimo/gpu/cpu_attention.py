@@ -21,11 +21,12 @@ class CPUAttention(TorchAttention):
             return super().forward(q, k, v, k_cache, v_cache, batch, scale, sinks)
         k_cache.index_copy_(0, batch.write_slots, k)
         v_cache.index_copy_(0, batch.write_slots, v)
-        slots = batch.decode_slots
-        if batch.decode_mask is None:
-            lens = torch.full((slots.shape[0],), slots.shape[1], dtype=torch.int64)
-        else:       # the padded keys are the trailing ones, masked with -inf
-            lens = (batch.decode_mask.view(slots.shape[0], -1) == 0).sum(1)
+        slots, lens = batch.decode_slots, batch.decode_lens
+        if lens is None:
+            if batch.decode_mask is None:
+                lens = torch.full((slots.shape[0],), slots.shape[1], dtype=torch.int64)
+            else:       # the padded keys are the trailing ones, masked with -inf
+                lens = (batch.decode_mask.view(slots.shape[0], -1) == 0).sum(1)
         out = self.ext.paged_decode_attention(
             q.float().contiguous(), k_cache, v_cache, slots, lens, float(scale),
             _NO_SINKS if sinks is None else sinks)

@@ -11,6 +11,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..gpu.attention import AttentionBackend, AttnBatch
+from . import fused_decode
 from .attention import Attention
 from .context import ForwardContext
 from .layers import Linear, LlamaRMSNorm, Rotary, quantize_int8
@@ -76,6 +77,9 @@ class DecoderLM(nn.Module):
         # than `_compiled_above` tokens (smaller steps run eagerly).
         self._compiled: list | None = None
         self._compiled_above = 0
+        # Set by `fuse_decode`: per layer its C++ decode layer, or None where the plain
+        # layer runs (fused_decode.py); used for the steps `fused_decode.step_fits`.
+        self._fused: list | None = None
 
     def compile_layers(self, above: int = 0) -> None:
         """Run each layer through `torch.compile` (inductor) for steps of more than `above`
@@ -88,6 +92,20 @@ class DecoderLM(nn.Module):
         arm()
         self._compiled = [torch.compile(layer.forward, dynamic=True) for layer in self.layers]
         self._compiled_above = above
+
+    def fuse_decode(self, ops) -> int:
+        """Give each layer that `fused_decode.fuse_layer` accepts its C++ decode layer
+        (`ops`: mimo.cpu.decode_ops.load()); returns how many. Call after the blocks are
+        attached (the fused layers keep references to them)."""
+        ropes = cast("Mapping[str, Rotary]", self.rope)
+        layers = cast("Sequence[DecoderLayer]", self.layers)
+        fused = [fused_decode.fuse_layer(ops, layer, ropes[layer.kind]) for layer in layers]
+        n = sum(f is not None for f in fused)
+        self._fused = fused if n else None
+        return n
+
+    def unfuse_decode(self) -> None:
+        self._fused = None
 
     def _head(self, w: dict, dtype: torch.dtype, required: bool = True) -> LMHead:
         """The tied embedding, else `lm_head.weight`; an untied checkpoint without one is
@@ -130,8 +148,15 @@ class DecoderLM(nn.Module):
         layers = cast("Sequence[DecoderLayer]", self.layers)
         tables = {kind: rope.tables(positions) for kind, rope in ropes.items()}
         compiled = self._compiled if x.shape[0] > self._compiled_above else None
+        fused = self._fused
+        if fused is not None and not fused_decode.step_fits(x, ctx.batches, ctx.backend):
+            fused = None
         for i, layer in enumerate(layers):
             k_cache, v_cache = ctx.kv[i]
+            if fused is not None and fused[i] is not None:
+                x = fused_decode.run(fused[i], x, tables[layer.kind], k_cache, v_cache,
+                                     ctx.batches[layer.kind])
+                continue
             run = layer if compiled is None else compiled[i]
             x = run(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind], ctx.backend)
         if logit_rows is not None:

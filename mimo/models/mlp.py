@@ -25,6 +25,7 @@ class GatedMLP(nn.Module):
         self.gate_up = Linear(gate_up)
         self.down = Linear(down)
         self.act = ACTIVATIONS[act]
+        self.act_name = act
 
     @classmethod
     def load(cls, w: dict, prefix: str, dtype: torch.dtype, act: str = "silu") -> GatedMLP:

@@ -1,0 +1,230 @@
+// Decode attention for the fused layer (decode_ops.cpp): one query per sequence over paged
+// KV read in place, as attention.cpp's kernel computes it, but by KV head rather than by
+// query head, and split along the keys:
+// - the query heads that share a KV head (GQA) score each key row and add each value row
+//   together, so every row is read and converted once, not once per query head;
+// - a sequence whose KV heads are fewer than the threads (one stream of Gemma 3: a single
+//   KV head) has its keys split into parts that run in parallel: scores first, then the
+//   softmax's max over all parts, then each part's weighted values, summed at the end.
+// `round`: the weights rounded to bfloat16 before they multiply the values, as the plain
+// layer's bfloat16 attention does (torch's CPU SDPA rounds exp(s - max) and divides by the
+// unrounded sum; the explicit softmax used with sinks rounds the normalised weights).
+// Sinks: a per-head logit joining the softmax with no value.
+#include "kernels.h"
+#include "vec_math.h"
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int64_t MAX_REP = 16;     // query heads per KV head this kernel takes
+constexpr int64_t MIN_PART = 32;    // keys per part at least
+
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline float to_f(float x) { return x; }
+inline float to_f(at::BFloat16 x) { return static_cast<float>(x); }
+
+inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+// Scores of keys [l0, l1) for the rep query heads of KV head g: s[r * L + l].
+template <typename T>
+float score_part(const float* q, const T* kp, const int64_t* slots, int64_t l0, int64_t l1,
+                 int64_t ks, int64_t g, int64_t rep, int64_t D, int64_t L, float scale, float* s) {
+    float mx = -INFINITY;
+    for (int64_t l = l0; l < l1; ++l) {
+        const T* k = kp + slots[l] * ks + g * D;
+        __m256 acc[MAX_REP];
+        for (int64_t r = 0; r < rep; ++r) acc[r] = _mm256_setzero_ps();
+        int64_t i = 0;
+        for (; i + 8 <= D; i += 8) {
+            const __m256 kv = load8(k + i);
+            for (int64_t r = 0; r < rep; ++r) acc[r] = _mm256_fmadd_ps(load8(q + r * D + i), kv, acc[r]);
+        }
+        for (int64_t r = 0; r < rep; ++r) {
+            float d = hsum(acc[r]);
+            for (int64_t j = i; j < D; ++j) d += q[r * D + j] * to_f(k[j]);
+            s[r * L + l] = d * scale;
+            mx = std::max(mx, s[r * L + l]);
+        }
+    }
+    return mx;
+}
+
+// Weights of keys [l0, l1) in place (exp(s - mx[r]), rounded and/or scaled by inv[r] as
+// asked), their unrounded sums added to sum[r], their weighted values to acc [rep, Dv].
+template <typename T>
+void value_part(const T* vp, const int64_t* slots, int64_t l0, int64_t l1, int64_t vs,
+                int64_t g, int64_t rep, int64_t Dv, int64_t L, const float* mx, const float* inv,
+                bool round, float* s, float* sum, float* acc) {
+    for (int64_t r = 0; r < rep; ++r) {
+        float* sr = s + r * L;
+        int64_t l = l0;
+        __m256 tot = _mm256_setzero_ps();
+        for (; l + 8 <= l1; l += 8) {
+            const __m256 e = mimo_vec::exp8(_mm256_sub_ps(_mm256_loadu_ps(sr + l), _mm256_set1_ps(mx[r])));
+            tot = _mm256_add_ps(tot, e);
+            _mm256_storeu_ps(sr + l, e);
+        }
+        float t = hsum(tot);
+        for (; l < l1; ++l) {
+            alignas(32) float v[8] = {sr[l] - mx[r]};
+            _mm256_store_ps(v, mimo_vec::exp8(_mm256_load_ps(v)));
+            sr[l] = v[0];
+            t += v[0];
+        }
+        sum[r] = t;
+        for (l = l0; l < l1; ++l) {
+            const float w = inv ? sr[l] * inv[r] : sr[l];
+            sr[l] = round ? static_cast<float>(c10::BFloat16(w)) : w;
+        }
+    }
+    for (int64_t l = l0; l < l1; ++l) {
+        const T* v = vp + slots[l] * vs + g * Dv;
+        int64_t i = 0;
+        for (; i + 8 <= Dv; i += 8) {
+            const __m256 vv = load8(v + i);
+            for (int64_t r = 0; r < rep; ++r) {
+                float* o = acc + r * Dv + i;
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(s[r * L + l]), vv, _mm256_loadu_ps(o)));
+            }
+        }
+        for (; i < Dv; ++i)
+            for (int64_t r = 0; r < rep; ++r) acc[r * Dv + i] += s[r * L + l] * to_f(v[i]);
+    }
+}
+
+template <typename T>
+void decode(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
+            const torch::Tensor& slots, const int64_t* lens, float scale, const float* sinks,
+            bool round, torch::Tensor& out) {
+    const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
+    const int64_t Hkv = kc.size(1), Dv = vc.size(2), L = slots.size(1), rep = Hq / Hkv;
+    const int64_t threads = at::get_num_threads();
+    // parts per (sequence, KV head): enough for every thread when there are few heads
+    const int64_t split = std::max<int64_t>(1, (threads + B * Hkv - 1) / (B * Hkv));
+    const int64_t units = B * Hkv * split;
+    auto range = [&](int64_t u, int64_t& l0, int64_t& l1) {
+        const int64_t n = lens[u / (Hkv * split)], p = u % split;
+        const int64_t np = std::max<int64_t>(1, std::min(split, n / MIN_PART));
+        l0 = p < np ? n * p / np : n;
+        l1 = p < np ? n * (p + 1) / np : n;
+    };
+    std::vector<float> s(B * Hq * L), part_max(units), sums(units * rep), mx(B * Hq), inv(B * Hq);
+    std::vector<float> acc(units * rep * Dv, 0.f);
+    const T* kp = kc.data_ptr<T>();
+    const T* vp = vc.data_ptr<T>();
+    const int64_t* sp = slots.data_ptr<int64_t>();
+    const float* qp = q.data_ptr<float>();
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) {
+            const int64_t b = u / (Hkv * split), g = u / split % Hkv;
+            int64_t l0, l1;
+            range(u, l0, l1);
+            part_max[u] = score_part(qp + (b * Hq + g * rep) * D, kp, sp + b * L, l0, l1,
+                                     kc.stride(0), g, rep, D, L, scale, s.data() + (b * Hq + g * rep) * L);
+        }
+    });
+    // one max per (sequence, KV head) over its parts and sinks (a common shift: the weights
+    // are then exactly exp(s - max) whatever the split)
+    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
+        float m = -INFINITY;
+        for (int64_t p = 0; p < split; ++p) m = std::max(m, part_max[bg * split + p]);
+        for (int64_t r = 0; r < rep; ++r) {
+            const int64_t bh = bg * rep + r;    // = b * Hq + g * rep + r
+            mx[bh] = sinks ? std::max(m, sinks[bh % Hq]) : m;
+        }
+    }
+    // with sinks the plain layer rounds normalised weights: their sum is needed first
+    const bool norm_first = sinks && round;
+    if (norm_first)
+        for (int64_t bh = 0; bh < B * Hq; ++bh) {
+            const int64_t n = lens[bh / Hq];
+            double den = std::exp(static_cast<double>(sinks[bh % Hq]) - mx[bh]);
+            for (int64_t l = 0; l < n; ++l) den += std::exp(static_cast<double>(s[bh * L + l]) - mx[bh]);
+            inv[bh] = static_cast<float>(1.0 / den);
+        }
+    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) {
+            const int64_t b = u / (Hkv * split), g = u / split % Hkv;
+            const int64_t h0 = b * Hq + g * rep;
+            int64_t l0, l1;
+            range(u, l0, l1);
+            value_part(vp, sp + b * L, l0, l1, vc.stride(0), g, rep, Dv, L, mx.data() + h0,
+                       norm_first ? inv.data() + h0 : nullptr, round, s.data() + h0 * L,
+                       sums.data() + u * rep, acc.data() + u * rep * Dv);
+        }
+    });
+    float* op = out.data_ptr<float>();
+    for (int64_t bg = 0; bg < B * Hkv; ++bg)
+        for (int64_t r = 0; r < rep; ++r) {
+            const int64_t bh = bg * rep + r;
+            float den = sinks ? std::exp(sinks[bh % Hq] - mx[bh]) : 0.f;
+            float* o = op + bh * Dv;
+            std::fill(o, o + Dv, 0.f);
+            for (int64_t p = 0; p < split; ++p) {
+                const int64_t u = bg * split + p;
+                den += sums[u * rep + r];
+                for (int64_t i = 0; i < Dv; ++i) o[i] += acc[(u * rep + r) * Dv + i];
+            }
+            const float f = norm_first ? 1.f : (den > 0.f ? 1.f / den : 0.f);
+            for (int64_t i = 0; i < Dv; ++i) o[i] *= f;
+        }
+}
+
+}  // namespace
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& slots,
+                               const torch::Tensor& lens, double scale,
+                               const torch::Tensor& sinks, bool round) {
+    TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
+                "q must be contiguous float32 [B, Hq, D]");
+    TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.size(2) == q.size(2) &&
+                k_cache.size(1) == v_cache.size(1), "caches must be [S, Hkv, D] and [S, Hkv, Dv]");
+    TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "caches differ in dtype");
+    TORCH_CHECK(k_cache.stride(2) == 1 && k_cache.stride(1) == k_cache.size(2) &&
+                v_cache.stride(2) == 1 && v_cache.stride(1) == v_cache.size(2),
+                "cache rows must be contiguous");
+    TORCH_CHECK(q.size(1) % k_cache.size(1) == 0 && q.size(1) / k_cache.size(1) <= MAX_REP,
+                "query heads must be a multiple of KV heads, at most 16 per KV head");
+    TORCH_CHECK(slots.dim() == 2 && slots.scalar_type() == torch::kInt64 && slots.is_contiguous()
+                && slots.size(0) == q.size(0), "slots must be contiguous int64 [B, L]");
+    TORCH_CHECK(lens.dim() == 1 && lens.scalar_type() == torch::kInt64 && lens.is_contiguous() &&
+                lens.size(0) == q.size(0), "lens must be int64 [B]");
+    const int64_t L = slots.size(1), S = std::min(k_cache.size(0), v_cache.size(0));
+    const int64_t* lp = lens.data_ptr<int64_t>();
+    const int64_t* sp = slots.data_ptr<int64_t>();
+    for (int64_t b = 0; b < lens.size(0); ++b) {
+        TORCH_CHECK(lp[b] >= 0 && lp[b] <= L, "bad length");
+        for (int64_t l = 0; l < lp[b]; ++l)
+            TORCH_CHECK(sp[b * L + l] >= 0 && sp[b * L + l] < S, "slot out of range");
+    }
+    const float* sk = nullptr;
+    torch::Tensor sinks_f;
+    if (sinks.numel() > 0) {
+        TORCH_CHECK(sinks.numel() == q.size(1), "one sink per query head");
+        sinks_f = sinks.to(torch::kFloat32).contiguous();
+        sk = sinks_f.data_ptr<float>();
+    }
+    torch::Tensor out = torch::empty({q.size(0), q.size(1), v_cache.size(2)}, torch::kFloat32);
+    const float sc = static_cast<float>(scale);
+    if (k_cache.scalar_type() == torch::kFloat32)
+        decode<float>(q, k_cache, v_cache, slots, lp, sc, sk, round, out);
+    else if (k_cache.scalar_type() == torch::kBFloat16)
+        decode<at::BFloat16>(q, k_cache, v_cache, slots, lp, sc, sk, round, out);
+    else
+        TORCH_CHECK(false, "caches must be float32 or bfloat16");
+    return out;
+}

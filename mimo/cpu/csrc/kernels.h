@@ -1,0 +1,23 @@
+// The C++ interface of the kernels other sources of this extension call (qkernels.cpp,
+// attention.cpp, decode_attention.cpp): declarations only, the signatures those files
+// define and export.
+#pragma once
+#include <torch/extension.h>
+#include <vector>
+
+// y [M, sum(N_i)] float32 = x [M, K] (contiguous float32) @ concat_i(W_i)^T, GGUF blocks.
+torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                      const std::vector<int64_t>& qtypes);
+
+// q [B, Hq, D] float32 over the paged caches [S, Hkv, D] / [S, Hkv, Dv]: float32 [B, Hq, Dv].
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                     const torch::Tensor& lens, double scale,
+                                     const torch::Tensor& sinks);
+
+// The same by KV head, split along the keys (decode_attention.cpp); `round`: the softmax
+// weights rounded to bfloat16 before the values, as the plain bfloat16 layer rounds them.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& slots,
+                               const torch::Tensor& lens, double scale,
+                               const torch::Tensor& sinks, bool round);
