@@ -1,4 +1,4 @@
-"""L3 storage: the backend interface, its counters, and `open_storage(url)`.
+"""L3 storage: the backend interface, its counters, and `open_storage(url)` (by scheme).
 
 Backends: a local directory (`file:DIR`), one Redis (`redis://HOST:PORT[/DB]`, `rediss://`
 for TLS, a password as `redis://:PASSWORD@HOST:PORT`), a Redis Cluster
@@ -30,6 +30,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 # A stored value as a backend returns it: bytes, or a view into the reply it came in (no copy).
 Payload = bytes | memoryview
@@ -141,24 +142,56 @@ class KVStorage(ABC):
         self._count_errors(causes)
 
 
-ACCEPTED = ("file:DIR (or file://DIR)", "redis://HOST:PORT[/DB] (rediss:// for TLS)",
-            "redis-cluster://HOST:PORT[,HOST:PORT...]")
+class StoreFactory(Protocol):
+    """Makes the backend a URL of one scheme names. `disk_cap` (bytes, None = no cap) and
+    `min_age` (seconds an entry is safe from eviction after its last use) are the file
+    store's; a backend without such settings ignores them (Redis has `maxmemory`)."""
+
+    def __call__(self, url: str, *, disk_cap: int | None, min_age: float) -> KVStorage: ...
+
+
+@dataclass(frozen=True)
+class StoreScheme:
+    factory: StoreFactory
+    usage: str                  # the URL's form, for errors and --help
+    slashes: bool = True        # written scheme://...; False: scheme:REST too (file:DIR)
+
+
+def _file_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+    from .file_store import FileStore
+    path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
+    if not path:
+        raise ValueError(f"KV storage URL {url!r} names no directory")
+    return FileStore(path, disk_cap=disk_cap, min_age=min_age)
+
+
+def _redis_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+    from .redis_store import RedisStore
+    return RedisStore(url)
+
+
+def _redis_cluster_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+    from .redis_cluster_store import RedisClusterStore
+    return RedisClusterStore(url)
+
+
+# The backends by URL scheme (the backends' modules load on first use: Redis's client is
+# imported only where a Redis store is asked for).
+STORES: dict[str, StoreScheme] = {
+    "file": StoreScheme(_file_store, "file:DIR (or file://DIR)", slashes=False),
+    "redis": StoreScheme(_redis_store, "redis://HOST:PORT[/DB] (rediss:// for TLS)"),
+    "rediss": StoreScheme(_redis_store, "rediss://HOST:PORT[/DB]"),
+    "redis-cluster": StoreScheme(_redis_cluster_store, "redis-cluster://HOST:PORT[,HOST:PORT...]"),
+}
+ACCEPTED = tuple(s.usage for name, s in STORES.items() if name != "rediss")
 
 
 def open_storage(url: str, *, disk_cap: int | None = None, min_age: float = 1.0) -> KVStorage:
-    """The backend named by `url`. `disk_cap` (bytes, None = no cap) and `min_age` (seconds an
-    entry is safe from eviction after its last use) apply to the file store; Redis has its own
-    cap (`maxmemory`). Nothing is connected or read here: that happens on first use."""
-    if url.startswith("file:"):
-        from .file_store import FileStore
-        path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
-        if not path:
-            raise ValueError(f"KV storage URL {url!r} names no directory")
-        return FileStore(path, disk_cap=disk_cap, min_age=min_age)
-    if url.startswith(("redis://", "rediss://")):
-        from .redis_store import RedisStore
-        return RedisStore(url)
-    if url.startswith("redis-cluster://"):
-        from .redis_cluster_store import RedisClusterStore
-        return RedisClusterStore(url)
-    raise ValueError(f"unknown KV storage URL {url!r}; accepted: {', '.join(ACCEPTED)}")
+    """The backend named by `url`, chosen by its scheme (`STORES`). Nothing is connected or
+    read here: that happens on first use."""
+    scheme, colon, rest = url.partition(":")
+    entry = STORES.get(scheme) if colon else None
+    if entry is None or (entry.slashes and not rest.startswith("//")):
+        raise ValueError(f"unknown KV storage URL {url!r}: known schemes "
+                         f"{', '.join(STORES)}; accepted: {', '.join(ACCEPTED)}")
+    return entry.factory(url, disk_cap=disk_cap, min_age=min_age)

@@ -11,7 +11,7 @@ import struct
 import pytest
 from helpers.redis_servers import RedisCluster3, RedisServer
 
-from mimo.kvcache.tiers import entry
+from mimo.kvcache.tiers import entry, storage
 from mimo.kvcache.tiers.file_store import FileStore
 from mimo.kvcache.tiers.storage import CAUSES, KVStorage, open_storage
 
@@ -208,3 +208,26 @@ def test_open_storage_urls(tmp_path):
     with pytest.raises(ValueError, match="redis-cluster://HOST:PORT"):
         open_storage("memcached://x:1")
     assert os.listdir(tmp_path) == []     # opening reads and creates nothing
+
+
+def test_an_unknown_scheme_is_refused_naming_the_known_ones():
+    for bad in ["memcached://x:1", "redis:h:1", "/plain/path", "FILE:/x"]:
+        with pytest.raises(ValueError) as e:
+            open_storage(bad)
+        assert "known schemes file, redis, rediss, redis-cluster" in str(e.value), bad
+
+
+def test_a_registered_scheme_gets_the_url_and_the_settings(monkeypatch, tmp_path):
+    seen = []
+
+    def factory(url, *, disk_cap, min_age):
+        seen.append((url, disk_cap, min_age))
+        return storage.STORES["file"].factory(f"file:{tmp_path}", disk_cap=disk_cap,
+                                              min_age=min_age)
+
+    monkeypatch.setitem(storage.STORES, "mem", storage.StoreScheme(factory, "mem://NAME"))
+    assert open_storage("mem://x", disk_cap=7, min_age=2.0).describe() == \
+        f"file:{tmp_path} (cap 7 bytes)"
+    assert seen == [("mem://x", 7, 2.0)]
+    with pytest.raises(ValueError, match="mem"):
+        open_storage("mem:x")       # registered as scheme://
