@@ -1,4 +1,5 @@
-"""Checks on DualPool state shared by the kvcache and engine tests."""
+"""Checks on DualPool state shared by the kvcache and engine tests, and a radix tree
+insert the way the engine does one (match, lock, insert, free the duplicates, unlock)."""
 from __future__ import annotations
 
 import torch
@@ -25,3 +26,20 @@ def check_map(dp: DualPool, seqs) -> None:
             if sp is not None:
                 expected[fpage * P:(fpage + 1) * P] = sp * P + ar
     assert torch.equal(dp.full_to_swa, expected)
+
+
+def insert_as_engine(tree, toks, protect=False) -> None:
+    """Match `toks`, lock the match, insert the whole pages with fresh pages for all of
+    them (the tree keeps what it lacks, the rest comes back as duplicates to free), unlock;
+    then check the tree and that every pool accounts for each page exactly once."""
+    fa, sa = tree.full_alloc, tree.swa_alloc
+    m = tree.match(toks)
+    tree.lock(m.node)
+    n = len(toks) // tree.P
+    res = tree.insert(toks, fa.alloc(n), sa.alloc(n), prompt_len=len(toks), protect=protect)
+    fa.free(res.dup_full)
+    sa.free(res.dup_swa)
+    tree.unlock(m.node)
+    tree.check_integrity()
+    for a in (fa, sa):
+        assert a.num_free + a.num_evictable + a.num_in_use == a.capacity

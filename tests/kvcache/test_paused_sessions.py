@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.kv_checks import insert_as_engine
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
@@ -30,18 +31,6 @@ def tree_with_clock(policy=None, rebuild=0, pages=64):
                      policy or RetentionPolicy(keep_all=True), "hybrid", rebuild=rebuild)
     tree.clock = Clock()
     return tree
-
-
-def insert(tree, toks, protect=False):
-    fa, sa = tree.full_alloc, tree.swa_alloc
-    m = tree.match(toks)
-    tree.lock(m.node)
-    n = len(toks) // P
-    res = tree.insert(toks, fa.alloc(n), sa.alloc(n), prompt_len=len(toks), protect=protect)
-    fa.free(res.dup_full)
-    sa.free(res.dup_swa)
-    tree.unlock(m.node)
-    check(tree)
 
 
 def check(tree):
@@ -70,11 +59,11 @@ def eviction_order(tree, named, **evict):
 def test_a_paused_session_s_leaf_goes_last_until_its_time_is_up(held):
     tree = tree_with_clock()
     p, s, k = seqs(3)
-    insert(tree, p)                         # the paused one is the oldest
+    insert_as_engine(tree, p)                         # the paused one is the oldest
     if held:
         assert tree.hold(p, seconds=60.0) == len(p)
-    insert(tree, s, protect=True)           # a finished prompt_cache_key session
-    insert(tree, k)
+    insert_as_engine(tree, s, protect=True)           # a finished prompt_cache_key session
+    insert_as_engine(tree, k)
     named = {"paused": p, "session": s, "keyless": k}
     want = ["keyless", "session", "paused"] if held else ["paused", "keyless", "session"]
     assert eviction_order(tree, named, full=4) == want
@@ -83,10 +72,10 @@ def test_a_paused_session_s_leaf_goes_last_until_its_time_is_up(held):
 def test_after_its_time_a_paused_session_ages_from_when_it_paused():
     tree = tree_with_clock()
     p, s, k = seqs(3)
-    insert(tree, p)
+    insert_as_engine(tree, p)
     tree.hold(p, seconds=60.0)
-    insert(tree, s, protect=True)
-    insert(tree, k)
+    insert_as_engine(tree, s, protect=True)
+    insert_as_engine(tree, k)
     tree.clock.t = 59.0
     tree.evict(full=0)
     assert tree.num_holds == 1
@@ -102,10 +91,10 @@ def test_a_paused_session_s_window_outlives_finished_sessions_and_speculative_wi
     pol = RetentionPolicy(dense_every=2 * P)        # speculative windows every 8 tokens
     tree = tree_with_clock(pol, rebuild=W)
     p, s, k = seqs(3, 32)
-    insert(tree, p)
+    insert_as_engine(tree, p)
     tree.hold(p, seconds=30.0)
-    insert(tree, s, protect=True)
-    insert(tree, k)
+    insert_as_engine(tree, s, protect=True)
+    insert_as_engine(tree, k)
     live = tree.swa_alloc.num_evictable
     tree.evict(swa=live - 2)                # all but the last window's worth
     check(tree)
@@ -122,9 +111,9 @@ def test_resuming_the_session_ends_its_head_start():
     time, and when that hold expires nothing is changed back."""
     tree = tree_with_clock()
     p, k = seqs(2)
-    insert(tree, p)
+    insert_as_engine(tree, p)
     tree.hold(p, seconds=60.0)
-    insert(tree, k)
+    insert_as_engine(tree, k)
     m = tree.match(p)                       # the next turn arrives...
     tree.lock(m.node)
     tree.unlock(m.node)                     # ...and is, say, aborted before running
@@ -136,7 +125,7 @@ def test_hold_of_something_not_cached_or_zero_seconds_holds_nothing():
     tree = tree_with_clock()
     (p,) = seqs(1)
     assert tree.hold(p, seconds=60.0) == 0
-    insert(tree, p)
+    insert_as_engine(tree, p)
     assert tree.hold(p, seconds=0.0) == 0
     assert tree.hold(p[:8] + [7] * 8, seconds=60.0) == 8     # the cached part only
     check(tree)

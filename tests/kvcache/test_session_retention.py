@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.kv_checks import insert_as_engine
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
@@ -15,18 +16,6 @@ from mimo.kvcache.radix.retention import RetentionPolicy
 from mimo.kvcache.radix.tree import RadixTree
 
 P, W = 4, 8
-
-
-def insert(tree, toks, protect):
-    fa, sa = tree.full_alloc, tree.swa_alloc
-    m = tree.match(toks)
-    tree.lock(m.node)
-    n = len(toks) // P
-    res = tree.insert(toks, fa.alloc(n), sa.alloc(n), prompt_len=len(toks), protect=protect)
-    fa.free(res.dup_full)
-    sa.free(res.dup_swa)
-    tree.unlock(m.node)
-    tree.check_integrity()
 
 
 def cached(tree, toks) -> int:
@@ -39,7 +28,7 @@ def test_session_leaves_go_after_keyless_ones(hint):
                      RetentionPolicy(keep_all=True), "hybrid")
     s1, k1, s2, k2 = ([base + i for i in range(16)] for base in (0, 1000, 2000, 3000))
     for toks, session in ((s1, True), (k1, False), (s2, True), (k2, False)):   # oldest first
-        insert(tree, toks, protect=hint and session)
+        insert_as_engine(tree, toks, protect=hint and session)
     order = []
     for _ in range(4):
         tree.evict(full=4)
@@ -57,8 +46,8 @@ def test_session_windows_go_after_keyless_ones_under_swa_pressure(hint):
     tree = RadixTree(P, W, PageAllocator(64, "full"), PageAllocator(64, "swa"),
                      RetentionPolicy(keep_all=True), "hybrid", rebuild=8)
     s, k = [i for i in range(32)], [1000 + i for i in range(32)]
-    insert(tree, s, protect=hint)
-    insert(tree, k, protect=False)
+    insert_as_engine(tree, s, protect=hint)
+    insert_as_engine(tree, k, protect=False)
     tree.evict(swa=1)
     tree.check_integrity()
     kept = tree.peek(s, rebuild=0), tree.peek(k, rebuild=0)
