@@ -60,23 +60,17 @@ class TierTree(RadixTree):
         super().__init__(*args, **kwargs)
         self.drop_listeners: list[Callable[[Node, list[int], list[int]], None]] = []
         self._end_value: dict[Node, int] = {}   # chain value at a node's end (never moves)
+        self.listeners.append(self)
 
-    def _drop(self, node):
-        if self.drop_listeners:
-            full = list(range(len(node.full)))
-            swa = [i for i, s in enumerate(node.swa or ()) if s >= 0]
-            for f in self.drop_listeners:
-                f(node, full, swa)
-        out = super()._drop(node)
-        self._end_value.pop(node, None)
-        return out
+    # ---- TreeListener ----------------------------------------------------------------------
+    def inserted(self, tokens, namespace) -> None:
+        """(Inserts: the simulator makes them itself.)"""
 
-    def _evict_swa(self, node):
-        idx = self._freeable(node)
-        if idx:
-            for f in self.drop_listeners:
-                f(node, [], idx)
-        return super()._evict_swa(node)
+    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
+        for f in self.drop_listeners:
+            f(node, full_idx, swa_idx)
+        if full_idx:                        # the whole node goes (its keys read above)
+            self._end_value.pop(node, None)
 
     def node_keys(self, node: Node) -> list[int]:
         """Full keys of the node's pages."""
@@ -94,7 +88,7 @@ class TierTree(RadixTree):
             up.append(n)
             n = n.parent
         if n.parent is None:
-            v = next(namespace_base(ns) for ns, r in self._roots.items() if r is n)
+            v = namespace_base(self.paths.namespace_of(n))
         else:
             v = self._end_value[n]
         for n in reversed(up):
@@ -106,11 +100,11 @@ class TierTree(RadixTree):
     def l1_view(self, tokens: array, namespace, n_pages: int) -> tuple[int, list[int]]:
         """(pages of `tokens` whose full KV L1 holds, from the start; their SWA pages, < 0
         where none, empty outside hybrid mode), read-only."""
-        root = self._root(namespace)
+        root = self.paths.root(namespace)
         if root is None:
             return 0, []
-        path, m = self._walk(root, tokens, n_pages)
-        return m // self.P, [s for n, k in path for s in n.swa[:k]] if self.hybrid else []
+        path, m = self.paths.walk(root, tokens, n_pages)
+        return m // self.P, [s for n, k in path for s in (n.swa or [])[:k]] if self.hybrid else []
 
 
 @dataclass(frozen=True)
@@ -326,7 +320,7 @@ class TieredCacheSim(CacheSim):
         self.l2.check_integrity()
         self.l3.check_integrity()
         if l1:
-            held = {k for n in self.tree._nodes() for k in self.tree.node_keys(n)}
+            held = {k for n in self.tree.paths.nodes() for k in self.tree.node_keys(n)}
             assert held == set(self.l1), "L1 births out of step with the tree"
 
     def result(self, seconds: float) -> dict:

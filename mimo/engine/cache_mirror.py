@@ -97,7 +97,7 @@ class TreeMirror(_KeyDelta):
         """Every node's keys chained afresh from its root (stored keys are not trusted)."""
         with self.lock:
             self.sets = {FULL: set(), SWA: set()}
-            for ns, root in list(self.tree._roots.items()):
+            for ns, root in list(self.tree.paths.roots.items()):
                 stack = [(c, self.keys.root(ns)) for c in root.children.values()]
                 while stack:
                     node, prev = stack.pop()

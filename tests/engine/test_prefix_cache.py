@@ -71,7 +71,7 @@ def brute_force_safe_len(tree, tokens, rebuild: int = 0) -> int:
     cached full KV and recompute the SWA window there: max of the two."""
     P, W = tree.P, tree.W
     full_ok, swa_ok = [], []
-    node = tree._roots.get(None)
+    node = tree.paths.roots.get(None)
     pos = 0
     while node is not None:
         child = node.children.get(tuple(tokens[pos:pos + P]))

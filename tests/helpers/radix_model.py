@@ -89,7 +89,7 @@ def flatten(tree) -> dict:
     """The tree's contents as the model's flat dict."""
     out = {}
     P = tree.P
-    for ns, root in tree._roots.items():
+    for ns, root in tree.paths.roots.items():
         stack = [(c, ()) for c in root.children.values()]
         while stack:
             node, pre = stack.pop()

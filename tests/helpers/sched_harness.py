@@ -149,6 +149,6 @@ def check_lock_rule(sched, cache) -> None:
                     assert not held, f"request {seq.id}: unpinned SWA page {p} it still reads"
             assert cache.pinned_outside(kv) == (0, 0)
     if cache.pool.hybrid:
-        locked = Counter({n.swa[i]: c for n in cache.tree._nodes()
+        locked = Counter({n.swa[i]: c for n in cache.tree.paths.nodes()
                           for i, c in n.swa_lock.items()})
         assert locked == pins, f"SWA lock counts {dict(locked)} != running requests' pins {dict(pins)}"

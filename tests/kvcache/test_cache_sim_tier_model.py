@@ -94,7 +94,7 @@ class Reference:
 
     def snapshot(self) -> None:
         self.l1 = set()
-        for n in self.sim.tree._nodes():
+        for n in self.sim.tree.paths.nodes():
             for i, (f, s) in enumerate(self.node_pages(n)):
                 self.l1.add(f)
                 self.birth.setdefault(f, self.now)

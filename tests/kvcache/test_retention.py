@@ -71,8 +71,8 @@ def test_tree_gives_speculative_windows_the_lowest_priority():
     tree, toks = make_tree()
     # Only the node ending at 16 holds nothing but a dense window (page 7, in the node
     # ending at 32, is also the prompt checkpoint's).
-    assert sorted(n.end for n in tree._nodes() if n.swa_time < 0) == [16]
-    assert all(tree.owns_swa(s) for n in tree._nodes() for s in n.swa if s >= 0)
+    assert sorted(n.end for n in tree.paths.nodes() if n.swa_time < 0) == [16]
+    assert all(tree.owns_swa(s) for n in tree.paths.nodes() for s in n.swa if s >= 0)
     assert tree.evict(0, 1) == (0, 2)           # the speculative window goes first
     tree.check_integrity()
     assert tree.match(toks).length == 40 and tree.match(toks[:16]).length == 0
@@ -100,5 +100,5 @@ def test_an_extended_end_is_demoted():
     sa.free(res.dup_swa)
     tree.unlock(m.node)
     tree.check_integrity()
-    old_end = [n for n in tree._nodes() if n.end == 40]
+    old_end = [n for n in tree.paths.nodes() if n.end == 40]
     assert len(old_end) == 1 and old_end[0].swa_time < 0 and old_end[0].children

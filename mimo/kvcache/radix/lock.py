@@ -3,11 +3,18 @@ keeps the full KV of its cached path and the SWA window before its end from evic
 lets go of that window page by page as its decoding moves past it (`unpin`)."""
 from __future__ import annotations
 
-from .evict import EvictMixin
+from .evict import Evictor
+from .lru import LRU
 from .node import Node
+from .pages import PageBook
+from .paths import Paths
 
 
-class LockMixin(EvictMixin):
+class LockTable:
+    def __init__(self, paths: Paths, lru: LRU, pages: PageBook, evictor: Evictor) -> None:
+        self.paths, self.lru, self.pages, self.evictor = paths, lru, pages, evictor
+        self.P, self.hybrid = paths.P, paths.hybrid
+
     def lock(self, node: Node | None, window: bool = True) -> None:
         """Keep the full KV of root..node and the SWA window before node.end (the pages a
         request admitted with this match reads) from eviction. `window=False`: the full KV
@@ -19,20 +26,21 @@ class LockMixin(EvictMixin):
         while n.parent is not None:
             n.lock_ref += 1
             if n.lock_ref == 1:
-                self.full_alloc.unpark(n.full)
+                self.pages.full_alloc.unpark(n.full)
             n = n.parent
-        for n, i in (self._window(node) if self.hybrid and window else ()):
-            assert n.swa[i] >= 0, "locking a window that is not live"
+        for n, i in (self.paths.window(node) if self.hybrid and window else ()):
+            assert n.swa is not None and n.swa[i] >= 0, "locking a window that is not live"
             c = n.swa_lock.get(i, 0)
             n.swa_lock[i] = c + 1
             if c == 0:
-                self._swa_pool.unpark([n.swa[i]])
+                self.pages.swa_pool.unpark([n.swa[i]])
 
     def window_of(self, node: Node | None) -> list[tuple[int, int]]:
         """(logical page, SWA page) of the window a window lock on `node` pins."""
         if node is None or node.parent is None or not self.hybrid:
             return []
-        return [(n.start // self.P + i, n.swa[i]) for n, i in self._window(node)]
+        return [(n.start // self.P + i, n.swa[i]) for n, i in self.paths.window(node)
+                if n.swa is not None]
 
     def unpin(self, node: Node | None, lo: int, hi: int) -> None:
         """Drop a window lock's pins on the window pages of `node` at logical pages
@@ -40,7 +48,7 @@ class LockMixin(EvictMixin):
         lock and the rest of the window stay. Unlock it later with `unpinned=hi`."""
         if node is None or node.parent is None or not self.hybrid:
             return
-        for n, i in self._window(node):
+        for n, i in self.paths.window(node):
             if lo <= n.start // self.P + i < hi:
                 self._unpin_page(n, i)
 
@@ -51,8 +59,8 @@ class LockMixin(EvictMixin):
             n.swa_lock[i] = c
         else:
             del n.swa_lock[i]
-            self._swa_pool.park([n.swa[i]])
-            self._push_swa(n)
+            self.pages.swa_pool.park([n.swa[i]])
+            self.lru.push_swa(n)
 
     def unlock(self, node: Node | None, window: bool = True, fix: bool = True,
                unpinned: int = 0) -> None:
@@ -61,7 +69,7 @@ class LockMixin(EvictMixin):
         `unpinned`: the logical page below which `unpin` already let go of the window."""
         if node is None or node.parent is None:
             return
-        for n, i in (self._window(node) if self.hybrid and window else ()):
+        for n, i in (self.paths.window(node) if self.hybrid and window else ()):
             if n.start // self.P + i >= unpinned:
                 self._unpin_page(n, i)
         n = node
@@ -69,13 +77,12 @@ class LockMixin(EvictMixin):
             n.lock_ref -= 1
             assert n.lock_ref >= 0, "unlock without lock"
             if n.lock_ref == 0:
-                self.full_alloc.park(n.full)
-                self._push_leaf(n)
+                self.pages.full_alloc.park(n.full)
+                self.lru.push_leaf(n)
             n = n.parent
         if (fix and (not window or unpinned) and self.hybrid and node.alive
                 and not node.children and not node.lock_ref):
             # A rebuild lock, or a window lock that let go of its window, may have kept a
             # leaf whose window is gone (SWA eviction, and the request did not extend the
             # leaf): cut it back to safety.
-            self._fix_leaf(node)
-
+            self.evictor.fix_leaf(node)

@@ -16,7 +16,7 @@ Invariants (all checked by `check_integrity`):
 - every leaf's end is reachable (window-safe): insert trims to the last safe point, SWA
   eviction never frees a protected leaf's tail window, evicting a leaf trims its parent.
   Relaxed with window rebuild: a leaf longer than a receptive field may lose its window
-  (`evict._protects`), and one under a rebuild lock or an `unpin`ned lock may end in
+  (`Evictor.protects`), and one under a rebuild lock or an `unpin`ned lock may end in
   a dead window (unlocking trims it);
 - a node's end never changes once created: splitting makes a new node for the *prefix*, so
   references held in `MatchResult.node` stay valid.
@@ -30,39 +30,68 @@ running request's prefill chunks leave keep their write time until it ends (then
 not its checkpoints are demoted): else its later chunks evict them before idle windows.
 
 Modes: 'hybrid' (SWA pool, window-safe matching), 'full-kv' (the pre-SWA baseline: one pool
-holding every layer, every cached prefix reusable) and 'off' (no caching). Files: lock.py
-(locks), evict.py (eviction, integrity), hold.py (paused sessions), node.py.
+holding every layer, every cached prefix reusable) and 'off' (no caching).
+
+`RadixTree` is inserts plus a composition, each part with its own state: `Paths` (the
+shape: roots, walk, split, window arithmetic), `LRU` (the clock and the two lazy heaps),
+`PageBook` (which pages the tree holds), `Matcher` (match, peek), `Evictor` (eviction,
+leaf trimming, the listeners told of it), `LockTable` (locks, unpin) and `HoldBook`
+(paused sessions); check.py asserts the invariants.
 """
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Hashable
-from typing import Protocol
-
-import numpy as np
+from array import array
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from ..pool.allocator import PageAllocator
-from .hold import HoldMixin
-from .node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Node  # noqa: F401
-from .retention import RetentionPolicy, window_first_page
+from .check import check_integrity
+from .evict import EvictHook, Evictor, TreeListener
+from .hold import HoldBook
+from .lock import LockTable
+from .lru import LRU
+from .match import Matcher
+from .node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Node
+from .pages import PageBook
+from .paths import Path, Paths
+from .retention import RetentionPolicy
 
 MODES = ("hybrid", "full-kv", "off")
+__all__ = ["MODES", "NO_SWA", "PROTECTED", "SPECULATIVE", "InsertResult", "MatchResult", "Node",
+           "RadixTree", "TreeListener"]
 
 
-class TreeListener(Protocol):
-    """Told what enters and leaves the tree, on the thread that changes it."""
-    def inserted(self, tokens, namespace: Hashable) -> None:
-        """After an insert: the path equal to `tokens` holds what it will serve now."""
-
-    def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
-        """Just before eviction frees these local pages of `node` (its keys still valid)."""
+def _live(page: int | None) -> bool:
+    return page is not None and page >= 0
 
 
-class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, TreeCore
+def _kept(page: int | None, keep: bool) -> int:
+    """The page a new node keeps as its SWA, or the tombstone NO_SWA."""
+    return page if keep and page is not None and page >= 0 else NO_SWA
+
+
+@dataclass(frozen=True)
+class InsertPlan:
+    cached: int             # pages of the sequence the tree had (token-equal) before
+    end: int                # pages kept: the policy's cached end, cut back to window-safe
+    cps: list[int]          # the checkpoints (tokens)
+    branch: int             # where the sequence left the cached path (checkpoints use it)
+    keep: set[int]          # logical pages whose SWA the tree keeps
+    firm: set[int]          # of those, the ones not speculative
+    revive: bool            # False: a sync; the request goes on computing this path
+    now: int                # the insert's tick (+ PROTECTED for a session)
+
+    @property
+    def running(self) -> bool:
+        return not self.revive
+
+
+class RadixTree:
     def __init__(self, page_size: int, window: int, full_alloc: PageAllocator,
                  swa_alloc: PageAllocator | None = None, policy: RetentionPolicy | None = None,
                  mode: str = "hybrid", unmap: Callable[[list[int]], None] | None = None,
-                 rebuild: int = 0):
+                 rebuild: int = 0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}")
         if mode == "hybrid" and swa_alloc is None:
@@ -71,185 +100,138 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         self.hybrid = mode == "hybrid"
         # The SWA receptive field (tokens) its users rebuild windows with, 0: no rebuild
         # (`match`). Besides the default for matches, it decides which leaves may end where
-        # their window is gone (see the invariants above and `evict.py`).
+        # their window is gone (see the invariants above and `Evictor.protects`).
         self.rebuild = rebuild if self.hybrid else 0
         self.full_alloc, self.swa_alloc = full_alloc, swa_alloc
         self.policy = policy or RetentionPolicy()
-        self.unmap = unmap      # told which full pages lost their SWA (DualPool.full_to_swa)
-        self._roots: dict[Hashable, Node] = {}
-        # Which pages the tree holds: a page passed to insert is handed back exactly when
-        # the tree does not hold it afterwards, whatever the caller's tokens cover.
-        self._own_f = np.zeros(full_alloc.capacity, dtype=bool)
-        self._own_s = np.zeros(self._swa_pool.capacity if self.hybrid else 0, dtype=bool)
-        self._clock = 0
-        self._seq = itertools.count()           # heap tie-breaker
-        self._leaf_heap: list = []              # (time, seq, node): whole-node LRU
-        self._swa_heap: list = []               # (swa_time, seq, node): SWA-only LRU
-        self._heap_cap = 65536                  # compact a heap that grows past this
-        self._holds, self._hold_seq = [], itertools.count()     # (hold.py)
-        # Called with (node, local full pages, local SWA pages) just before eviction frees
-        # them, while their KV is still intact: a lower tier copies them down (write-back).
-        self._evict_slot: Callable[[Node, list[int], list[int]], None] | None = None
-        # Observers of what the tree holds beside that slot (the router's cache publishing,
-        # engine/cache_mirror.py): told of every insert and, after the slot, every eviction.
-        self.listeners: list[TreeListener] = []
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0, held=0,
                              cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
+        on = mode != "off"
+        self.lru = LRU(self.hybrid)
+        self.paths = Paths(page_size, window, self.hybrid, self.lru)
+        self.pages = PageBook(full_alloc, swa_alloc if self.hybrid else None)
+        self.matcher = Matcher(self.paths, self.lru, self.counters, on, self.rebuild)
+        self.evictor = Evictor(self.paths, self.lru, self.pages, self.counters, self.rebuild,
+                               unmap)
+        self.locks = LockTable(self.paths, self.lru, self.pages, self.evictor)
+        self.holds = HoldBook(self.paths, self.lru, self.counters, on)
 
+    # ---- the parts' faces ------------------------------------------------------------------
     @property
-    def on_evict(self) -> Callable[[Node, list[int], list[int]], None] | None:
-        return self._fan_evict if self.listeners else self._evict_slot
+    def on_evict(self) -> EvictHook | None:
+        """Called with (node, local full pages, local SWA pages) just before eviction frees
+        them (`Evictor.slot`; the listeners after it)."""
+        return self.evictor.on_evict
 
     @on_evict.setter
-    def on_evict(self, fn: Callable[[Node, list[int], list[int]], None] | None) -> None:
-        self._evict_slot = fn
+    def on_evict(self, fn: EvictHook | None) -> None:
+        self.evictor.slot = fn
 
-    def _fan_evict(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
-        if self._evict_slot is not None:
-            self._evict_slot(node, full_idx, swa_idx)
-        for li in self.listeners:
-            li.evicted(node, full_idx, swa_idx)
+    @property
+    def listeners(self) -> list[TreeListener]:
+        """Told of every insert and, after `on_evict`, of every eviction."""
+        return self.evictor.listeners
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Seconds, for holds (`HoldBook`)."""
+        return self.holds.clock
+
+    @clock.setter
+    def clock(self, fn: Callable[[], float]) -> None:
+        self.holds.clock = fn
+
+    def match(self, tokens: Sequence[int], namespace: Hashable = None, count: bool = True,
+              rebuild: int | None = None) -> MatchResult:
+        return self.matcher.match(tokens, namespace, count, rebuild)
+
+    def peek(self, tokens: Sequence[int], namespace: Hashable = None,
+             rebuild: int | None = None) -> int:
+        return self.matcher.peek(tokens, namespace, rebuild)
+
+    def lock(self, node: Node | None, window: bool = True) -> None:
+        self.locks.lock(node, window)
+
+    def unlock(self, node: Node | None, window: bool = True, fix: bool = True,
+               unpinned: int = 0) -> None:
+        self.locks.unlock(node, window, fix, unpinned)
+
+    def unpin(self, node: Node | None, lo: int, hi: int) -> None:
+        self.locks.unpin(node, lo, hi)
+
+    def window_of(self, node: Node | None) -> list[tuple[int, int]]:
+        return self.locks.window_of(node)
+
+    def hold(self, tokens: Sequence[int], namespace: Hashable = None, seconds: float = 0.0,
+             protect: bool = False) -> int:
+        return self.holds.hold(tokens, namespace, seconds, protect)
+
+    def expire_holds(self) -> int:
+        return self.holds.expire()
+
+    @property
+    def num_holds(self) -> int:
+        return len(self.holds)
+
+    def evict(self, full: int = 0, swa: int = 0) -> tuple[int, int]:
+        """Free at least `full` full and `swa` SWA pages (`Evictor.evict`), holds whose
+        time is up ended first."""
+        self.holds.expire()
+        return self.evictor.evict(full, swa)
 
     def owns_full(self, page: int) -> bool:
         """Whether the tree holds this full page (a request must never free it)."""
-        return bool(self._own_f[page])
+        return self.pages.owns_full(page)
 
     def owns_swa(self, page: int) -> bool:
-        return self.hybrid and bool(self._own_s[page])
+        return self.hybrid and self.pages.owns_swa(page)
 
-    # ---- match -------------------------------------------------------------------------
-    def match(self, tokens, namespace: Hashable = None, count: bool = True,
-              rebuild: int | None = None) -> MatchResult:
-        """Longest window-safe cached prefix of `tokens` (whole pages only). The engine
-        passes the prompt without its last token, which it must compute anyway. The match
-        node is split so that it ends exactly at `full_len`. `count=False`: a lookup that is
-        not a request's admission (kept out of the hit counters).
+    def namespace_of(self, root: Node) -> Hashable:
+        return self.paths.namespace_of(root)
 
-        `rebuild` (tokens, 0: off; None: the tree's): the model's SWA receptive field,
-        (window - 1) times its SWA layers. When the window before the token-equal end E is
-        gone, a request can still start about `rebuild` tokens before E (`_rebuild_start`)
-        instead of the last window-safe point: it recomputes from there to E for the SWA
-        layers only, reading the cached full KV of the whole prefix, and the SWA KV it gets
-        for the window before E is exact (each SWA layer widens the region its garbage-free
-        input needs by window - 1 tokens; the full layers read cached keys, so they widen
-        nothing). Such a match has `full_len` = E > `length`, hands over no SWA pages, and
-        is locked with `lock(node, window=False)`."""
-        self.counters["matches"] += count
-        rebuild = self.rebuild if rebuild is None else rebuild
-        root = self._root(namespace)
-        if self.mode == "off" or root is None:
-            return MatchResult(0, 0, root)
-        P, now = self.P, self._tick()
-        path, m, q = self._lookup(root, tokens)
-        q_full = q
-        r = self._rebuild_beyond(m, q, rebuild)
-        if r:
-            self.counters["rebuilt_tokens"] += (r - q) * P * count
-            q, q_full = r, m // P
-        if self.hybrid and count and m > q * P:
-            self._count_cut(path, m, q * P)     # before the splits below reshape `path`
-        node, done, full = root, 0, []
-        for n, k in path:
-            if done == q_full:
-                break
-            take = min(k, q_full - done)
-            if take < len(n.full):
-                n = self._split(n, take)
-            full.extend(n.full)
-            done += take
-            n.time = now
-            self._push_leaf(n)
-            node = n
-        # A rebuild's SWA is exact from its start + rebuild - (W - 1) (see `_rebuild_start`).
-        exact = q * P + (rebuild - (self.W - 1) if q_full > q else 0)
-        res = MatchResult(q * P, m, node, full, full_len=q_full * P, swa_exact_from=exact)
-        self.counters["matched_tokens"] += q * P * count
-        self.counters["prefix_tokens"] += m * count
-        if self.hybrid:
-            res.swa_first = window_first_page(q * P, self.W, P)
-            res.swa_pages = [None] * q
-            if res.rebuild:
-                res.swa_first = q           # the request computes all its SWA from q on
-                return res
-            for n, i in self._window(node):
-                res.swa_pages[n.start // P + i] = n.swa[i]
-                if n.swa_time != now:
-                    n.swa_time = now
-                    self._push_swa(n)
-        return res
+    def num_leaves(self) -> int:
+        """Cached sequence ends: each holds a tail window in hybrid mode (the SWA pool's
+        floor, `cache_sim.size_swa_share`)."""
+        return sum(not n.children for n in self.paths.nodes())
 
-    def _rebuild_beyond(self, m: int, q: int, rebuild: int) -> int:
-        """The first page of a rebuild ending at the token-equal end `m` when it starts
-        past the last window-safe page `q` (so a match would take it), else 0."""
-        if not self.hybrid or rebuild <= 0 or m <= q * self.P:
-            return 0
-        r = self._rebuild_start(m, rebuild)
-        return r if r > q else 0
-
-    def _rebuild_start(self, end: int, rebuild: int) -> int:
-        """First page of a rebuild ending at `end` (0: none). Its SWA KV is exact from
-        start + rebuild - (W - 1) on; the start is chosen so that this is no later than the
-        first page of the window before `end`, so the whole window can be kept."""
-        first = window_first_page(end, self.W, self.P) * self.P
-        return max((first - (rebuild - (self.W - 1))) // self.P, 0)
-
-    def _count_cut(self, path, m: int, length: int) -> None:
-        """Why a window cut happened: the window before the token-equal end `m` has a page
-        whose SWA was never kept (no checkpoint there in this node's life: a fork nobody
-        foresaw) or only pages that SWA-only eviction freed (a checkpoint lost to pressure)."""
-        swa = [s for n, k in path for s in n.swa[:k]]
-        never = any(swa[i] == NO_SWA for i in range(window_first_page(m, self.W, self.P),
-                                                     m // self.P))
-        self.counters["cut_never_kept" if never else "cut_evicted"] += m - length
-
-    def peek(self, tokens, namespace: Hashable = None, rebuild: int | None = None) -> int:
-        """The length `match` would return, without splitting, touching or counting: the
-        scheduler's estimate of a waiting request's cached tokens."""
-        rebuild = self.rebuild if rebuild is None else rebuild
-        root = self._root(namespace)
-        if self.mode == "off" or root is None:
-            return 0
-        _, m, q = self._lookup(root, tokens)
-        return (self._rebuild_beyond(m, q, rebuild) or q) * self.P
-
-    def _lookup(self, root: Node, tokens) -> tuple[list, int, int]:
-        """(path, tokens equal to a cached path, window-safe pages of them): the read-only
-        part of a match."""
-        toks = self._tok(tokens)
-        path, m = self._walk(root, toks, len(toks) // self.P)
-        q = m // self.P
-        if self.hybrid:
-            q = self._safe_pages([p >= 0 for n, k in path for p in n.swa[:k]], q)
-        return path, m, q
-
-    def path_pages(self, tokens, namespace: Hashable = None) -> tuple[list[int], list[int]]:
+    def path_pages(self, tokens: Sequence[int],
+                   namespace: Hashable = None) -> tuple[list[int], list[int]]:
         """(full pages, SWA pages) along the cached path equal to `tokens` (whole pages), SWA
         entries < 0 where tombstoned (NO_SWA / EVICTED_SWA; full-kv mode: all NO_SWA).
         Read-only: no split, no touch, no count. The pages stay the tree's."""
-        root = self._root(namespace)
-        if self.mode == "off" or root is None:
-            return [], []
-        toks = self._tok(tokens)
-        path, _ = self._walk(root, toks, len(toks) // self.P)
+        path = self.path_nodes(tokens, namespace)
         full = [p for n, k in path for p in n.full[:k]]
-        swa = ([s for n, k in path for s in n.swa[:k]] if self.hybrid else [NO_SWA] * len(full))
+        swa = ([s for n, k in path for s in (n.swa or [])[:k]] if self.hybrid
+               else [NO_SWA] * len(full))
         return full, swa
 
-    def path_nodes(self, tokens, namespace: Hashable = None) -> list[tuple[Node, int]]:
+    def path_nodes(self, tokens: Sequence[int], namespace: Hashable = None) -> Path:
         """(node, pages of it on the path) along the cached path equal to `tokens`."""
-        root = self._root(namespace)
+        root = self.paths.root(namespace)
         if self.mode == "off" or root is None:
             return []
-        toks = self._tok(tokens)
-        return self._walk(root, toks, len(toks) // self.P)[0]
+        toks = self.paths.tok(tokens)
+        return self.paths.walk(root, toks, len(toks) // self.P)[0]
 
-    def namespace_of(self, root: Node) -> Hashable:
-        """The namespace a root node stands for."""
-        for ns, r in self._roots.items():
-            if r is root:
-                return ns
-        raise KeyError("not a root of this tree")
+    def check_integrity(self) -> None:
+        check_integrity(self)
+
+    def stats(self) -> dict[str, Any]:
+        nodes = list(self.paths.nodes())
+        swa = [s for n in nodes for s in (n.swa or ())]
+        out: dict[str, Any] = {
+            "mode": self.mode, "nodes": len(nodes),
+            "cached_tokens": sum(len(n.tokens) for n in nodes),
+            "full_pages": sum(len(n.full) for n in nodes),
+            "swa_live_pages": sum(s >= 0 for s in swa),
+            "swa_tombstones": sum(s < 0 for s in swa),
+            "locked_nodes": sum(n.lock_ref > 0 for n in nodes),
+            "full_pool": self.full_alloc.stats()}
+        if self.swa_alloc is not None:
+            out["swa_pool"] = self.swa_alloc.stats()
+        out.update(self.counters)
+        return out
 
     # ---- insert ------------------------------------------------------------------------
     def checkpoints(self, total_len: int, prompt_len: int | None, branch_len: int) -> list[int]:
@@ -263,7 +245,8 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         return self.policy.keep_pages(self.checkpoints(total_len, prompt_len, branch_len),
                                       self.W, self.P)
 
-    def insert(self, tokens, full_pages: list[int], swa_pages=None, namespace: Hashable = None,
+    def insert(self, tokens: Sequence[int], full_pages: list[int],
+               swa_pages: Sequence[int | None] | None = None, namespace: Hashable = None,
                prompt_len: int | None = None, revive: bool = True,
                branch_len: int | None = None, protect: bool = False) -> InsertResult:
         """Hand a finished (or preempted) request's pages to the tree.
@@ -280,81 +263,90 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
         if len(full_pages) > -(-len(tokens) // P):
             raise ValueError(f"{len(full_pages)} pages for {len(tokens)} tokens: pass the "
                              "tokens whose KV the pages hold")
-        swa_pages = list(swa_pages or []) + [None] * (len(full_pages) - len(swa_pages or []))
-        caller_swa = [s for s in swa_pages if s is not None and s >= 0]
+        swa = list(swa_pages or []) + [None] * (len(full_pages) - len(swa_pages or []))
+        caller_swa = [s for s in swa if s is not None and s >= 0]
         if self.mode == "off":
             return InsertResult(list(full_pages), caller_swa, [], 0)
-        now, toks = self._tick() + (PROTECTED if protect else 0), self._tok(tokens)
-        n = min(len(full_pages), len(toks) // P)
-        root = self._root(namespace, create=True)
+        now, toks = self.lru.tick() + (PROTECTED if protect else 0), self.paths.tok(tokens)
+        root = self.paths.root(namespace, create=True)
         assert root is not None             # create=True
-        path, m = self._walk(root, toks, n)
-        mq = m // P
-        q_end = self.policy.cache_len(len(toks), P, prompt_len) // P
-        cps_branch = m if branch_len is None else branch_len
-        cps = self.checkpoints(len(toks), prompt_len, cps_branch)
-        running = not revive        # a sync: the request goes on computing this path
-        keep, firm = set[int](), set[int]()      # stay empty without SWA pools
-        if self.hybrid:
-            keep = (set(range(q_end)) if self.policy.keep_all
-                    else self.policy.keep_pages(cps, self.W, P))
-            firm = (keep if self.policy.keep_all else self.policy.keep_pages(
-                self.policy.checkpoints(len(toks), prompt_len, cps_branch, P, firm_only=True),
-                self.W, P))
-            tree_swa = [s for nd, k in path for s in nd.swa[:k]]
-            live = [(i < mq and tree_swa[i] >= 0)
-                    or ((revive or i >= mq) and i in keep
-                        and swa_pages[i] is not None and swa_pages[i] >= 0)
-                    for i in range(q_end)]
-            q_end = self._safe_pages(live, q_end)
-        remap, revived_nodes = [], []
-        base = 0
-        for nd, k in path:                  # the part already cached: maybe revive SWA
-            nd.time = now
-            self._push_leaf(nd)
-            if (self.hybrid and not running and nd.start >= cps_branch and nd.swa
-                    and not any(base + i in firm for i in range(k))):
-                # Its own chunk-end window (see SWA priorities), none of its checkpoints.
-                nd.swa_time = min(nd.swa_time, now - SPECULATIVE)
-                self._push_swa(nd)
-            for i in range(k):
-                g = base + i
-                s = swa_pages[g]
-                if not self.hybrid or not revive or s is None or s < 0:
-                    continue
-                if nd.swa[i] < 0 and g in keep:
-                    nd.swa[i] = s
-                    self._swa_pool.park([s])
-                    self._own_s[s] = True
-                    self.counters["revived_swa"] += 1
-                    if full_pages[g] != nd.full[i]:
-                        remap.append((nd.full[i], s))
-                    revived_nodes.append((nd, g))
-            base += k
-        for nd, g in revived_nodes:
-            if g in firm:
-                nd.swa_time = now
-            self._push_swa(nd)
-        if q_end > mq:                      # the new part: new nodes split at checkpoints
-            self._add_new(root, path, toks, full_pages, swa_pages, keep, firm, cps, mq, q_end,
-                          cps_branch, prompt_len, running, now)
+        path, m = self.paths.walk(root, toks, min(len(full_pages), len(toks) // P))
+        plan = self._plan(len(toks), path, m, swa, prompt_len, branch_len, revive, now)
+        remap = self._refresh_cached(path, full_pages, swa, plan)
+        if plan.end > plan.cached:          # the new part: new nodes split at checkpoints
+            self._add_new(root, path, toks, full_pages, swa, plan, prompt_len)
         for li in self.listeners:
             li.inserted(toks, namespace)
-        return InsertResult([p for p, o in zip(full_pages, self._own_f[list(full_pages)]) if not o],
-                            [s for s, o in zip(caller_swa, self._own_s[caller_swa]) if not o]
-                            if self.hybrid else caller_swa, remap, max(q_end, mq) * P)
+        return InsertResult(self.pages.not_held_full(full_pages),
+                            self.pages.not_held_swa(caller_swa) if self.hybrid else caller_swa,
+                            remap, max(plan.end, plan.cached) * P)
 
-    def _add_new(self, root: Node, path, toks, full_pages, swa_pages, keep, firm, cps, mq: int,
-                 q_end: int, cps_branch: int, prompt_len: int | None, running: bool,
-                 now: int) -> None:
-        """insert's new part: pages [mq, q_end) as new nodes split at the checkpoints."""
-        P = self.P
+    def _plan(self, n_tokens: int, path: Path, m: int, swa: list[int | None],
+              prompt_len: int | None, branch_len: int | None, revive: bool,
+              now: int) -> InsertPlan:
+        """What an insert keeps: up to the policy's cached end, cut back to the last point
+        whose window is live (in the tree, or passed in where it will be kept)."""
+        P, mq = self.P, m // self.P
+        end = self.policy.cache_len(n_tokens, P, prompt_len) // P
+        branch = m if branch_len is None else branch_len
+        cps = self.checkpoints(n_tokens, prompt_len, branch)
+        keep, firm = set[int](), set[int]()      # stay empty without SWA pools
+        if self.hybrid:
+            pol = self.policy
+            keep = set(range(end)) if pol.keep_all else pol.keep_pages(cps, self.W, P)
+            firm = keep if pol.keep_all else pol.keep_pages(
+                pol.checkpoints(n_tokens, prompt_len, branch, P, firm_only=True), self.W, P)
+            tree_swa = [s for nd, k in path for s in (nd.swa or [])[:k]]
+            live = [(i < mq and tree_swa[i] >= 0)
+                    or ((revive or i >= mq) and i in keep and _live(swa[i]))
+                    for i in range(end)]
+            end = self.paths.safe_pages(live, end)
+        return InsertPlan(mq, end, cps, branch, keep, firm, revive, now)
+
+    def _refresh_cached(self, path: Path, full_pages: list[int], swa: list[int | None],
+                        plan: InsertPlan) -> list[tuple[int, int]]:
+        """The part already cached: touch it, demote the windows the request's own chunks
+        left there (none of its checkpoints: see SWA priorities), and revive tombstones it
+        recomputed that retention keeps. Returns the remap of revived pages."""
+        remap: list[tuple[int, int]] = []
+        revived: list[tuple[Node, int]] = []
+        base = 0
+        for nd, k in path:
+            nd.time = plan.now
+            self.lru.push_leaf(nd)
+            if (self.hybrid and not plan.running and nd.start >= plan.branch and nd.swa
+                    and not any(base + i in plan.firm for i in range(k))):
+                nd.swa_time = min(nd.swa_time, plan.now - SPECULATIVE)
+                self.lru.push_swa(nd)
+            for i in range(k) if self.hybrid and plan.revive else ():
+                g, s = base + i, swa[base + i]
+                assert nd.swa is not None
+                if s is None or s < 0 or nd.swa[i] >= 0 or g not in plan.keep:
+                    continue
+                nd.swa[i] = s
+                self.pages.take_swa([s])
+                self.counters["revived_swa"] += 1
+                if full_pages[g] != nd.full[i]:
+                    remap.append((nd.full[i], s))
+                revived.append((nd, g))
+            base += k
+        for nd, g in revived:
+            if g in plan.firm:
+                nd.swa_time = plan.now
+            self.lru.push_swa(nd)
+        return remap
+
+    def _add_new(self, root: Node, path: Path, toks: array[int], full_pages: list[int],
+                 swa: list[int | None], plan: InsertPlan, prompt_len: int | None) -> None:
+        """The new part, pages [plan.cached, plan.end): new nodes under the path's end,
+        split at the checkpoints."""
+        P, now = self.P, plan.now
         parent = root
         if path:
             last, k = path[-1]
-            parent = self._split(last, k) if k < len(last.full) else last
+            parent = self.paths.split(last, k) if k < len(last.full) else last
             if (parent is last and not last.children and self.hybrid
-                    and not (running and last.end > cps_branch)):
+                    and not (plan.running and last.end > plan.branch)):
                 # A conversation continued past its cached end: later turns will match
                 # the new end; the old window is only a fallback for forks now. Unless
                 # that end is this sequence's own prompt end (a running request that
@@ -364,28 +356,26 @@ class RadixTree(HoldMixin):     # HoldMixin builds on LockMixin, EvictMixin, Tre
                 last.swa_time = now if own_prompt else now - SPECULATIVE
                 # Its new time needs its own heap entry (the window below may not
                 # reach into it: with W = 1 a window lies past the node's end).
-                self._push_swa(last)
+                self.lru.push_swa(last)
                 # No longer a leaf, it protects no tail window: the nodes holding that
                 # window may have left the SWA heap while protected.
-                self._push_window(last)
-        bounds = sorted({c // P for c in cps if mq < c // P < q_end} | {q_end})
-        lo = mq
+                self.evictor.push_window(last)
+        bounds = sorted({c // P for c in plan.cps if plan.cached < c // P < plan.end}
+                        | {plan.end})
+        lo = plan.cached
         for hi in bounds:
-            swa = None
+            node_swa = None
             if self.hybrid:
-                swa = [swa_pages[i] if (i in keep and swa_pages[i] is not None
-                                        and swa_pages[i] >= 0) else NO_SWA
-                       for i in range(lo, hi)]
-            nd = Node(parent, toks[lo * P:hi * P], list(full_pages[lo:hi]), swa, lo * P, now)
+                node_swa = [_kept(swa[i], i in plan.keep) for i in range(lo, hi)]
+            nd = Node(parent, toks[lo * P:hi * P], list(full_pages[lo:hi]), node_swa, lo * P,
+                      now)
             parent.children[tuple(nd.tokens[:P])] = nd
-            self.full_alloc.park(nd.full)
-            self._own_f[nd.full] = True
-            if swa is not None:
-                live_s = [s for s in swa if s >= 0]
-                self._swa_pool.park(live_s)
-                self._own_s[live_s] = True
-                if not any(i in firm for i in range(lo, hi)):
+            self.pages.take_full(nd.full)
+            if node_swa is not None:
+                self.pages.take_swa([s for s in node_swa if s >= 0])
+                if not any(i in plan.firm for i in range(lo, hi)):
                     nd.swa_time = now - SPECULATIVE   # older than anything firm
-                self._push_swa(nd)
+                self.lru.push_swa(nd)
             parent, lo = nd, hi
-        self._push_leaf(parent)
+        self.lru.push_leaf(parent)
+
