@@ -24,12 +24,17 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING
 
 from ..kvcache.radix.node import Node
 from ..kvcache.radix.tree import RadixTree
 from ..kvcache.tiers.keys import FULL, SWA, KeyChain, node_keys
 from ..router.cache_events import L2_FULL, L2_SWA
+
+if TYPE_CHECKING:
+    from ..kvcache.tiers.host_pool import HostPool
+    from ..kvcache.tiers.storage_tier import StorageTier
 
 _L3_KNOWN_CAP = 1 << 20             # L3 keys a worker remembers, to rewrite after an outage
 
@@ -41,7 +46,7 @@ class _KeyDelta:
     last `drain`, under `lock`, and `on_change` (wakes the publisher) called after each
     change."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.delta: dict[tuple[str, bytes], bool] = {}
         self.lock = threading.Lock()
         self.on_change: Callable[[], object] | None = None
@@ -69,7 +74,7 @@ class TreeMirror(_KeyDelta):
     # ---- TreeListener --------------------------------------------------------------------
     # Publishing must never fail a request: a listener error (a bug) is logged and the
     # mirror rebuilt from the whole tree, which the publisher then writes whole.
-    def inserted(self, tokens, namespace: Hashable) -> None:
+    def inserted(self, tokens: Sequence[int], namespace: Hashable) -> None:
         try:
             self._inserted(tokens, namespace)
         except Exception:  # noqa: BLE001
@@ -110,7 +115,7 @@ class TreeMirror(_KeyDelta):
             self.delta = {}
             self.resync = True
 
-    def _inserted(self, tokens, namespace: Hashable) -> None:
+    def _inserted(self, tokens: Sequence[int], namespace: Hashable) -> None:
         changed = False
         with self.lock:
             for node, k in self.tree.path_nodes(tokens, namespace):
@@ -162,7 +167,7 @@ class TierMirror(_KeyDelta):
     worker learned, as `delta` {(set kind, key): present} for the publisher, set kinds being
     L2_FULL / L2_SWA and FULL / SWA for L3. Called from the engine thread (L2) and the
     storage I/O thread (L3); drained on the event loop: one lock."""
-    def __init__(self, host, storage):
+    def __init__(self, host: HostPool | None, storage: StorageTier | None) -> None:
         super().__init__()
         self.host: dict[str, set[bytes]] = {FULL: set(), SWA: set()}
         self.l3: OrderedDict[tuple[str, bytes], None] = OrderedDict()  # learned present

@@ -43,8 +43,8 @@ L3_TTL_MS = 3_600_000
 
 
 class CachePublisher:
-    def __init__(self, info: EngineInfo, stats: Callable[[], EngineStats], cache,
-                 redis_url: str, url: str, interval: float = 0.5, ttl: float = 3.0):
+    def __init__(self, info: EngineInfo, stats: Callable[[], EngineStats], cache: object,
+                 redis_url: str, url: str, interval: float = 0.5, ttl: float = 3.0) -> None:
         """`cache`: the engine's prefix cache, whose change events the mirrors follow
         (hooked here, before the engine thread starts); the load comes from `stats` (the
         engine's snapshot), never from the scheduler. Built by `AsyncEngine.publisher`."""
@@ -66,7 +66,7 @@ class CachePublisher:
                       if storage is not None and store_url else "")
         self.errors = 0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._started = False           # the incarnation is registered
         self._resync = True             # the page sets must be rewritten whole
@@ -194,7 +194,7 @@ class CachePublisher:
             self._resync = True     # this delta is lost from Redis: rewrite everything
             raise
 
-    def load(self) -> dict:
+    def load(self) -> dict[str, int]:
         """Uncached prompt tokens queued and still to prefill, and the request counts, as
         of the engine's latest iteration (its snapshot)."""
         st = self.stats()

@@ -2,6 +2,8 @@
 them to HTTP)."""
 from __future__ import annotations
 
+from typing import Any
+
 
 class RequestError(ValueError):
     """A request that can never be served as given (empty, too long, ...)."""
@@ -10,7 +12,7 @@ class RequestError(ValueError):
 class StepFailed(RuntimeError):
     """An engine step raised; the requests it touched (`failed`) were finished with
     reason 'error' and their KV freed. The engine goes on."""
-    def __init__(self, cause: BaseException, failed: list):
+    def __init__(self, cause: BaseException, failed: list[Any]) -> None:
         super().__init__(f"engine step failed: {cause!r}")
         self.cause, self.failed = cause, failed
 

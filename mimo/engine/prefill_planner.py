@@ -11,11 +11,15 @@ room); 0 means "not this step".
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .sequence import Sequence
 
 
 class PrefillPlanner(ABC):
     @abstractmethod
-    def plan(self, seq, remaining: int, budget: int, room: int) -> int:
+    def plan(self, seq: Sequence, remaining: int, budget: int, room: int) -> int:
         """`remaining`: prompt tokens still to compute; `budget`: tokens left in this step;
         `room`: tokens the free (and cache-evictable) pages can hold for this request."""
 
@@ -23,5 +27,5 @@ class PrefillPlanner(ABC):
 class ChunkedPrefill(PrefillPlanner):
     """Chunked prefill: as much as the budget and the pools allow (the default)."""
 
-    def plan(self, seq, remaining: int, budget: int, room: int) -> int:
+    def plan(self, seq: Sequence, remaining: int, budget: int, room: int) -> int:
         return max(0, min(remaining, budget, room))

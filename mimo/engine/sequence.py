@@ -3,6 +3,7 @@ Bookkeeping only: no torch at run time (the generator is created by the engine).
 from __future__ import annotations
 
 import enum
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -55,12 +56,12 @@ class Sequence:
     admitted_at: float | None = None   # scheduler clock when it was (last) admitted
     scope: CacheScope = CacheScope()   # its cache salt and session key
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.prefill_end < 0:
             self.prefill_end = len(self.prompt_ids)
 
     @property
-    def cache_namespace(self):
+    def cache_namespace(self) -> Hashable:
         """Prefix-cache key space (`request_namespace`): its media hash (token ids alone do
         not say which image a placeholder stands for) and its cache salt; `NO_CACHE` for a
         multimodal prompt without a media hash."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from .sequence import NO_CACHE, Sequence
 
 if TYPE_CHECKING:
-    from ..kvcache.tiers.storage_tier import FetchPlan
+    from ..kvcache.tiers.storage_tier import FetchPlan, FetchResult
     from ..kvcache.tiers.tiered_cache import TieredPrefixCache
 
 log = logging.getLogger("mimo.engine")
@@ -27,7 +27,7 @@ class _Loading:
     seq: Sequence
     tokens: list[int]
     plan: FetchPlan
-    future: concurrent.futures.Future
+    future: concurrent.futures.Future[FetchResult]
 
 
 class TierLoader:

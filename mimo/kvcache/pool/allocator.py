@@ -7,6 +7,8 @@ that is not in use raises, so a double free is caught where it happens.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 FREE, IN_USE, EVICTABLE = 0, 1, 2
@@ -58,7 +60,7 @@ class PageAllocator:
         if any(not 0 <= p < self.capacity for p in pages):
             raise ValueError(f"{self.name}: page id out of range in {pages[:8]}")
 
-    def free(self, pages) -> None:
+    def free(self, pages: Iterable[int]) -> None:
         pages = list(pages)
         if not pages:
             return
@@ -70,7 +72,7 @@ class PageAllocator:
         self._state[pages] = FREE
         self._free.extend(pages)
 
-    def park(self, pages) -> None:
+    def park(self, pages: Iterable[int]) -> None:
         """IN_USE -> EVICTABLE: the prefix cache keeps the pages but may reclaim them."""
         pages = list(pages)
         self._check_ids(pages)
@@ -79,7 +81,7 @@ class PageAllocator:
         self._state[pages] = EVICTABLE
         self._evictable += len(pages)
 
-    def unpark(self, pages) -> None:
+    def unpark(self, pages: Iterable[int]) -> None:
         """EVICTABLE -> IN_USE (a cache hit re-locks them)."""
         pages = list(pages)
         self._check_ids(pages)
@@ -98,6 +100,6 @@ class PageAllocator:
         assert n_free + n_evict + n_use == self.capacity, f"{self.name}: accounting broken"
         assert self.num_free + self.num_evictable + self.num_in_use == self.capacity
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return {"capacity": self.capacity, "free": self.num_free,
                 "evictable": self.num_evictable, "in_use": self.num_in_use}

@@ -14,6 +14,7 @@ Without storage the pool is bookkeeping only and never imports torch.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .allocator import OutOfPages
@@ -187,7 +188,7 @@ class DualPool:
             assert None not in swa and keep >= seq.swa_released, "truncating released SWA"
             for p in extra:
                 self._unmap(p)
-            self.swa.allocator.free(swa)
+            self.swa.allocator.free(p for p in swa if p is not None)    # (all, asserted)
             del seq.swa_pages[keep:]
         self.full.allocator.free(extra)
         del seq.full_pages[keep:]
@@ -237,7 +238,7 @@ class DualPool:
         seq.full_pages, seq.swa_pages, seq.swa_released = [], [], 0
         seq.keep_swa = frozenset()
 
-    def unmap_full_pages(self, full_pages) -> None:
+    def unmap_full_pages(self, full_pages: Iterable[int]) -> None:
         """The prefix cache freed the SWA KV of these (cached) full pages."""
         for p in full_pages:
             self._unmap(p)
@@ -284,5 +285,5 @@ class DualPool:
     def num_live_seqs(self) -> int:
         return len(self._seqs)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, dict[str, int]]:
         return {"full": self.full.allocator.stats(), "swa": self.swa.allocator.stats()}

@@ -51,4 +51,4 @@ class SlotMap:
 
     def distinct_targets(self) -> int:
         """SWA slots some full slot maps to (a cached SWA page may be mapped twice)."""
-        return torch.unique(self.table[self.table >= 0]).numel()
+        return int(torch.unique(self.table[self.table >= 0]).numel())

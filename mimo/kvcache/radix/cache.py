@@ -28,6 +28,7 @@ rest is freed.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import cast
 
 from ..pool.dual_pool import DualPool
@@ -68,12 +69,12 @@ class RadixPrefixCache(PrefixCache):
         return {k: self.tree.counters[k] for k in COUNTERS}
 
     # ---- admission -------------------------------------------------------------------
-    def cached_len(self, prompt_ids: list[int], namespace=None) -> int:
+    def cached_len(self, prompt_ids: list[int], namespace: Hashable = None) -> int:
         """Prompt tokens a request admitted now would reuse (no side effects)."""
         return self.tree.peek(prompt_ids[:-1], namespace)
 
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
-              namespace=None) -> int:
+              namespace: Hashable = None) -> int:
         """Point a new request's page tables at the window-safe cached prefix of `tokens`
         (its prompt; prompt and output so far when resuming after preemption) but the last
         token, which must be computed to produce logits; lock it, and note which SWA pages
@@ -107,7 +108,7 @@ class RadixPrefixCache(PrefixCache):
         window rebuild's first ones, see SeqKV): the only ones retention keeps."""
         return -(-seq.swa_exact_from // self.P)
 
-    def _offered_swa(self, seq: SeqKV, n: int):
+    def _offered_swa(self, seq: SeqKV, n: int) -> list[int | None] | None:
         """The request's SWA pages of its first n logical pages that the cache may take:
         none starting before `swa_exact_from` (a rebuild's inexact SWA KV)."""
         if not self.pool.hybrid:
@@ -199,7 +200,7 @@ class RadixPrefixCache(PrefixCache):
         return 0, sum(g >= seq.unpinned and (g >= len(table) or table[g] != page)
                       for g, page in self.tree.window_of(node))
 
-    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+    def hold(self, tokens: list[int], namespace: Hashable = None, seconds: float = 0.0,
              protect: bool = False) -> int:
         return self.tree.hold(tokens, namespace, seconds, protect)
 

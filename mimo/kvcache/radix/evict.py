@@ -18,7 +18,7 @@ than for the cache (docs/kvcache_measurements.md has the hit rates).
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 from .lru import LRU
@@ -32,7 +32,7 @@ EvictHook = Callable[[Node, list[int], list[int]], None]
 
 class TreeListener(Protocol):
     """Told what enters and leaves the tree, on the thread that changes it."""
-    def inserted(self, tokens: object, namespace: object) -> None:
+    def inserted(self, tokens: Sequence[int], namespace: Hashable) -> None:
         """After an insert: the path equal to `tokens` holds what it will serve now."""
 
     def evicted(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 MAX_SCOPE_CHARS = 256       # a salt's or a session key's length limit
 
 
-def check_scope_string(v, name: str) -> str | None:
+def check_scope_string(v: object, name: str) -> str | None:
     """`v` if it is None or a non-empty string of at most MAX_SCOPE_CHARS characters;
     else ValueError naming `name`."""
     if v is None:
@@ -39,7 +39,7 @@ class CacheScope:
     salt: str | None = None         # cache_salt: KV shared only under the same salt
     session: str | None = None      # prompt_cache_key: a session's cache, evicted last
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_scope_string(self.salt, "cache_salt")
         check_scope_string(self.session, "prompt_cache_key")
 
@@ -47,7 +47,7 @@ class CacheScope:
 def request_namespace(media_key: str | None = None, salt: str | None = None) -> Hashable:
     """The namespace of a prompt with these media (their `media_cache_key`, None for text)
     under this salt: None for plain saltless text, as before salts existed."""
-    parts: tuple = ()
+    parts: tuple[str, ...] = ()
     if media_key is not None:
         parts += ("media", media_key)
     if salt is not None:

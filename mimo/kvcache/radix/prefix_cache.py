@@ -13,6 +13,7 @@ never evicted while it runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 
 from ..pool.seq_kv import SeqKV
 
@@ -27,12 +28,12 @@ class PrefixCache(ABC):
         """Whether an SWA page is the cache's (`PageOwner`)."""
 
     @abstractmethod
-    def cached_len(self, tokens: list[int], namespace=None) -> int:
+    def cached_len(self, tokens: list[int], namespace: Hashable = None) -> int:
         """Tokens a request admitted now would reuse; no side effects (queue ordering)."""
 
     @abstractmethod
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
-              namespace=None) -> int:
+              namespace: Hashable = None) -> int:
         """Point a new request's page tables at its cached prefix (all but the last token)
         and protect it; returns the cached tokens."""
 
@@ -60,7 +61,7 @@ class PrefixCache(ABC):
         tables. The scheduler reserves them for the request (the rule in scheduler.py)."""
         return 0, 0
 
-    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+    def hold(self, tokens: list[int], namespace: Hashable = None, seconds: float = 0.0,
              protect: bool = False) -> int:
         """A finished request's session paused in a tool call: keep its cached `tokens`
         (and the SWA window before their end) after everything else for `seconds`.

@@ -35,6 +35,7 @@ block) on a real trace: docs/kvcache_measurements.md.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ...config import RETENTION_POLICIES
@@ -104,7 +105,7 @@ class RetentionPolicy:
         a = self._align(page)
         return {p // a * a for p in (prompt_len - 1, prompt_len)}
 
-    def keep_pages(self, checkpoints, window: int, page: int) -> set[int]:
+    def keep_pages(self, checkpoints: Iterable[int], window: int, page: int) -> set[int]:
         """Logical pages whose SWA KV the checkpoints need."""
         keep: set[int] = set()
         for c in checkpoints:

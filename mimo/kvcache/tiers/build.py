@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 import torch
 
@@ -13,7 +14,7 @@ from .page_io import PageIO
 from .tiered_cache import TieredPrefixCache
 
 
-def weights_identity(named_tensors) -> str:
+def weights_identity(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
     """A digest of a model's weights that any process loading the same checkpoint computes
     alike: every tensor's name, shape and dtype, and a sample of its first values."""
     h = hashlib.blake2b(digest_size=16)

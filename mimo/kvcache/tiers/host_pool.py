@@ -104,7 +104,7 @@ class HostStore:
             want = IN_USE if slot in self._pins else EVICTABLE
             assert a._state[slot] == want, f"{self.name}: slot {slot} in the wrong state"
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, int]:
         return self.alloc.stats()
 
 
@@ -124,5 +124,5 @@ class HostPool:
         for s in self.stores.values():
             s.check_integrity()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, dict[str, int]]:
         return {k: s.stats() for k, s in self.stores.items()}

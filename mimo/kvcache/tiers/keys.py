@@ -16,9 +16,12 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..pool.layout import KVLayout
+
+if TYPE_CHECKING:
+    from ..radix.node import Node
 
 DIGEST = 16     # bytes per key: collisions are out of reach at 2^64 pages
 
@@ -70,7 +73,7 @@ class KeyChain:
         return f"mimo:kv:{kind}:{key.hex()}"
 
 
-def node_keys(chain: KeyChain, node: Any, namespace_of: Callable[[Any], Hashable],
+def node_keys(chain: KeyChain, node: Node, namespace_of: Callable[[Node], Hashable],
               roots: dict[int, Hashable]) -> list[bytes]:
     """A radix node's page keys, kept in its `keys` slot and chained from its nearest
     ancestor that has them (a child of the root chains from the namespace's root key).
@@ -86,8 +89,10 @@ def node_keys(chain: KeyChain, node: Any, namespace_of: Callable[[Any], Hashable
             roots[id(n)] = namespace_of(n)
         prev = chain.root(roots[id(n)])
     else:
+        assert n.keys is not None
         prev = n.keys[-1]
     for m in reversed(path):
         m.keys = chain.extend(prev, m.tokens)
         prev = m.keys[-1]
+    assert node.keys is not None
     return node.keys

@@ -90,7 +90,7 @@ class StorageTier:
         self.on_seen: Callable[[list[str], bool], None] | None = None
 
     # ---- engine thread ------------------------------------------------------------------
-    def write(self, names: list[str], rows: torch.Tensor, done: Callable | None = None) -> bool:
+    def write(self, names: list[str], rows: torch.Tensor, done: Callable[[], object] | None = None) -> bool:
         """Store rows[i] under names[i] off-thread. False: the queue was full and the batch
         was dropped (counted)."""
         with self._lock:
@@ -102,7 +102,7 @@ class StorageTier:
         asyncio.run_coroutine_threadsafe(self._put(names, rows), self._loop)
         return True
 
-    def fetch(self, plan: FetchPlan) -> concurrent.futures.Future:
+    def fetch(self, plan: FetchPlan) -> concurrent.futures.Future[FetchResult]:
         return asyncio.run_coroutine_threadsafe(self._fetch(plan), self._loop)
 
     def touch(self, names: list[str]) -> None:
