@@ -3,8 +3,9 @@ thread starts; `engine_stats` on the engine thread after each iteration, the onl
 the scheduler, pools and caches for monitoring."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..cpu.features import cpu_info
 from ..kvcache.tiers.keys import KeyChain, model_fingerprint
@@ -13,6 +14,7 @@ from ..multimodal.adapter import adapter_for
 from .face import EngineInfo, EngineStats, SpecTotals, StorageCounts, TierCounts, TierStats
 
 if TYPE_CHECKING:
+    from ..kvcache.tiers.storage_tier import StorageTier
     from .engine import LLMEngine
 
 
@@ -42,7 +44,7 @@ def engine_info(engine: LLMEngine) -> EngineInfo:
         vision=adapter, encoder=adapter.encoder(engine.model) if adapter is not None else None)
 
 
-def _frozen(d: dict) -> MappingProxyType:
+def _frozen(d: Mapping[str, Any]) -> MappingProxyType[str, Any]:
     return MappingProxyType(dict(d))
 
 
@@ -83,7 +85,7 @@ def tier_stats(c: TieredPrefixCache) -> TierStats:
                      _storage(c.storage) if c.storage is not None else None)
 
 
-def _storage(st) -> StorageCounts:
+def _storage(st: StorageTier) -> StorageCounts:
     from ..kvcache.tiers.storage_tier import LATENCY_BUCKETS
     w = st.stats
     errors = {cause: n + (w.fetch_timeouts if cause == "timeout" else 0)

@@ -68,7 +68,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
     def owns_swa(self, page: int) -> bool:
         return self.l1.owns_swa(page)
 
-    def cached_len(self, tokens: list[int], namespace=None) -> int:
+    def cached_len(self, tokens: list[int], namespace: Hashable = None) -> int:
         return self.l1.cached_len(tokens, namespace)
 
     def release(self, seq: SeqKV) -> None:
@@ -80,7 +80,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
     def pinned_outside(self, seq: SeqKV) -> tuple[int, int]:
         return self.l1.pinned_outside(seq)
 
-    def hold(self, tokens: list[int], namespace=None, seconds: float = 0.0,
+    def hold(self, tokens: list[int], namespace: Hashable = None, seconds: float = 0.0,
              protect: bool = False) -> int:
         # (L2 is plain LRU: what L1 evicts arrives there as its newest entries.)
         return self.l1.hold(tokens, namespace, seconds, protect)
@@ -98,7 +98,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
 
     # ---- admission ----------------------------------------------------------------------
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
-              namespace=None) -> int:
+              namespace: Hashable = None) -> int:
         before = self.tree.peek(tokens[:-1], namespace)
         keys: list[bytes] = []
         if self.host is not None or self.storage is not None:
@@ -151,7 +151,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
         if tokens:
             self._write_through(tokens, ns)
 
-    def _write_through(self, tokens, namespace) -> None:
+    def _write_through(self, tokens: list[int], namespace: Hashable) -> None:
         """Store what L1 caches of `tokens` that L3 lacks: full KV of every page, SWA of the
         live (kept) windows."""
         st = self.storage
@@ -209,7 +209,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
         self.storage.touch(names)
 
     # ---- L3 lookups (the engine's loader) -----------------------------------------------------
-    def fetch_plan(self, tokens, namespace=None) -> FetchPlan | None:
+    def fetch_plan(self, tokens: list[int], namespace: Hashable = None) -> FetchPlan | None:
         """What to ask L3 for a request about to wait for it; None when L3 cannot lengthen
         its hit (no storage, or every page already in the tiers above)."""
         if self.storage is None:
