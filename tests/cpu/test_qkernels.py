@@ -74,9 +74,12 @@ def assert_within_rounding_bound(y: np.ndarray, x: np.ndarray, w: np.ndarray) ->
     assert np.all(err <= bound * 1.001 + 1e-4), f"outside the q8 rounding bound: {err.max()}"
 
 
+# Weight rows that fill no tile (16 rows on AVX-512, 8 on AVX2), and activation row counts
+# that take each loop of the tiles (1, 2, 16: their own; 3, 5: the one bounded at run time;
+# 17: 16 + 1, or 8 + 8 + 1); a single row takes the 256-bit path in the AVX2 build.
 CASES = [(qt, rows, cols, m) for qt in BLOCKS
-         for rows, cols, m in ([(37, 512, 1), (5, 768, 9), (64, 256, 17)] if BLOCKS[qt][0] == 256
-                               else [(37, 96, 1), (5, 160, 9), (64, 640, 17)])]
+         for rows, m, cols in zip((37, 5, 19, 33, 64, 21), (1, 2, 3, 5, 16, 17),
+                                  ((512, 768, 256) if BLOCKS[qt][0] == 256 else (96, 160, 640)) * 2)]
 
 
 @pytest.mark.parametrize("qtype,rows,cols,m", CASES,
@@ -99,6 +102,28 @@ def test_qlinear_matches_float64(build, qtype, rows, cols, m):
     np.testing.assert_array_less(np.abs(y - qref), 2e-6 * scale + 1e-6)
 
 
+@pytest.mark.parametrize("qtype", list(BLOCKS), ids=[NAMES[q] for q in BLOCKS])
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_extreme_quants_do_not_overflow(build, qtype, sign):
+    """Every quant at its extreme (Q8_0: -128; others: all bits set) against activations that
+    all quantize to +-127: the largest products the integer dots meet, where a 16-bit
+    intermediate sum would saturate."""
+    rng = np.random.default_rng(11)
+    part = random_blocks(qtype, 19, 512, rng)
+    raw = part.data.numpy().reshape(-1, BLOCKS[qtype][1]).copy()
+    fp16 = np.zeros(raw.shape[1], dtype=bool)
+    for off in _FP16_FIELDS[qtype]:
+        fp16[off:off + 2] = True
+    raw[:, ~fp16] = 0x80 if qtype == 8 else 0xFF
+    part = QuantPart(torch.from_numpy(raw.reshape(part.data.shape)), qtype, 512)
+    w = ref_weights(part)
+    for m in (1, 3):
+        x = np.full((m, 512), sign, dtype=np.float32)
+        y = QuantMatrix([part]).matmul(torch.from_numpy(x)).numpy().astype(np.float64)
+        ref = x.astype(np.float64) @ w.T              # x quantizes exactly (127 * (1/127))
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5 * np.abs(w).sum(1).max())
+
+
 def test_fused_parts_of_mixed_types(build):
     """A fused projection whose parts have different types (Q5_0, Q5_0, Q8_0 as q/k/v)."""
     rng = np.random.default_rng(7)
@@ -113,7 +138,7 @@ def test_fused_parts_of_mixed_types(build):
 
 
 @pytest.mark.parametrize("qtype", [8, 14, 6])
-@pytest.mark.parametrize("m,k", [(1, 1), (4, 16), (9, 5)])
+@pytest.mark.parametrize("m,k", [(1, 1), (4, 16), (9, 5), (16, 1), (17, 3)])
 def test_topk_equals_sorted_scores(build, qtype, m, k):
     rng = np.random.default_rng(qtype + 31 * m + k)
     cols = 256 if BLOCKS[qtype][0] == 256 else 640

@@ -1,0 +1,209 @@
+// The products on GGUF blocks that Python calls: y = x @ W^T over parts of mixed types, and
+// the k best columns of x @ W^T fused with the product. Each call quantizes the
+// activations once and runs one parallel region over tiles of weight rows, on the 512-bit
+// VNNI tiles where the build has them (qtile512.cpp), else on the 256-bit path.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "qcommon.h"
+
+using namespace mimo_q;
+
+namespace {
+
+struct Quantized {
+    torch::Tensor q, d, dsum, isum16;
+    std::vector<QAct> acts;
+};
+
+// x [M, K] float32, K a multiple of 32.
+Quantized quantize_rows(const torch::Tensor& x) {
+    TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(),
+                "activations must be a contiguous float32 [M, K] tensor");
+    const int64_t M = x.size(0), K = x.size(1);
+    TORCH_CHECK(K % 32 == 0, "K must be a multiple of 32, got ", K);
+    Quantized r;
+    r.q = torch::empty({M, K}, torch::kInt8);
+    r.d = torch::empty({M, K / 32}, torch::kFloat32);
+    r.dsum = torch::empty({M, K / 32}, torch::kFloat32);
+    r.isum16 = torch::empty({M, K / 16}, torch::kInt32);
+    const float* xp = x.data_ptr<float>();
+    int8_t* qp = r.q.data_ptr<int8_t>();
+    float* dp = r.d.data_ptr<float>();
+    float* sp = r.dsum.data_ptr<float>();
+    int32_t* ip = r.isum16.data_ptr<int32_t>();
+    at::parallel_for(0, M * (K / 32), 256, [&](int64_t b0, int64_t b1) {
+        for (int64_t b = b0; b < b1; ++b)
+            quantize_block(xp + 32 * b, qp + 32 * b, dp + b, sp + b, ip + 2 * b);
+    });
+    r.acts.resize(M);
+    for (int64_t m = 0; m < M; ++m)
+        r.acts[m] = QAct{qp + m * K, dp + m * (K / 32), sp + m * (K / 32), ip + m * (K / 16), K};
+    return r;
+}
+
+constexpr int64_t TILE = 16;          // weight rows per work item (the 512-bit tile's height)
+
+void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
+                "weights must be contiguous uint8 [N, row_bytes] GGUF blocks");
+    const int t = static_cast<int>(qtype);
+    const int bb = block_bytes(t);
+    TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
+    TORCH_CHECK(K % block_elems(t) == 0 && w.size(1) == K / block_elems(t) * bb,
+                "weight rows of ", w.size(1), " bytes do not hold K=", K, " elements of type ", qtype);
+}
+
+// Rows [n0, n1) of W against every activation row.
+void run_rows(int t, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1,
+              const std::vector<QAct>& acts, float* out, int64_t ldo) {
+    const int64_t M = static_cast<int64_t>(acts.size());
+    if (!tiles512(t, w, rb, n0, n1, acts.data(), M, out, ldo) &&
+        !tiles256(t, w, rb, n0, n1, acts.data(), M, out, ldo))
+        rows256(t, w, rb, n0, n1, acts.data(), M, out, ldo);
+}
+
+using Cand = std::pair<float, int64_t>;     // (score, column)
+
+bool better(const Cand& a, const Cand& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Offer scores s[0..n) (columns base..base+n) to a heap of at most k, worst on top. Columns
+// come in increasing order, so a later score equal to the worst kept one never beats it.
+void offer(std::vector<Cand>& h, int64_t k, const float* s, int64_t n, int64_t base) {
+    int64_t i = 0;
+    for (; i < n && static_cast<int64_t>(h.size()) < k; ++i) {
+        h.emplace_back(s[i], base + i);
+        std::push_heap(h.begin(), h.end(), better);
+    }
+    float thr = h.empty() ? 0.f : h.front().first;
+    auto take = [&](int64_t c) {
+        std::pop_heap(h.begin(), h.end(), better);
+        h.back() = Cand{s[c], base + c};
+        std::push_heap(h.begin(), h.end(), better);
+        thr = h.front().first;
+    };
+#ifdef MIMO_ISA_VNNI
+    for (; i + 16 <= n; i += 16) {                 // 16 scores per compare
+        __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(s + i), _mm512_set1_ps(thr), _CMP_GT_OQ);
+        while (hit) {
+            const int b = __builtin_ctz(hit);
+            hit &= hit - 1;
+            if (s[i + b] > thr) take(i + b);
+        }
+    }
+#endif
+    for (; i < n; ++i)
+        if (s[i] > thr) take(i);
+}
+
+}  // namespace
+
+// y [M, sum(N_i)] = x [M, K] @ concat_i(W_i)^T, each W_i in its own GGUF type.
+torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
+                      const std::vector<int64_t>& qtypes) {
+    TORCH_CHECK(ws.size() == qtypes.size() && !ws.empty(), "one GGML type per weight part");
+    const int64_t K = x.size(1), M = x.size(0);
+    int64_t N = 0;
+    std::vector<int64_t> first_tile{0};            // each part's first tile in the work list
+    for (size_t i = 0; i < ws.size(); ++i) {
+        check_weight(ws[i], qtypes[i], K);
+        N += ws[i].size(0);
+        first_tile.push_back(first_tile.back() + (ws[i].size(0) + TILE - 1) / TILE);
+    }
+    Quantized qa = quantize_rows(x);
+    torch::Tensor y = torch::empty({M, N}, torch::kFloat32);
+    float* yp = y.data_ptr<float>();
+    std::vector<int64_t> col{0};
+    for (const auto& w : ws) col.push_back(col.back() + w.size(0));
+    // one parallel region over the tiles of every part
+    at::parallel_for(0, first_tile.back(), 1, [&](int64_t t0, int64_t t1) {
+        for (size_t i = 0; i < ws.size(); ++i) {
+            const int64_t a = std::max(t0, first_tile[i]), b = std::min(t1, first_tile[i + 1]);
+            if (a >= b) continue;
+            const int64_t n = ws[i].size(0);
+            const int64_t n0 = (a - first_tile[i]) * TILE, n1 = std::min(n, (b - first_tile[i]) * TILE);
+            run_rows(static_cast<int>(qtypes[i]), ws[i].data_ptr<uint8_t>(), ws[i].size(1), n0, n1,
+                     qa.acts, yp + col[i], N);
+        }
+    });
+    return y;
+}
+
+// The k best columns of x @ W^T per row (scores descending, ties to the lower index),
+// without writing the [M, N] scores: each chunk of weight rows keeps its own candidates.
+std::vector<torch::Tensor> qtopk(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype,
+                                 int64_t k) {
+    const int64_t K = x.size(1), M = x.size(0), N = w.size(0);
+    check_weight(w, qtype, K);
+    TORCH_CHECK(k >= 1 && k <= N, "k must lie in [1, N]");
+    Quantized qa = quantize_rows(x);
+    const int t = static_cast<int>(qtype);
+    const uint8_t* wp = w.data_ptr<uint8_t>();
+    const int64_t rb = w.size(1);
+    constexpr int64_t CH = 1024;                      // weight rows scored per pass
+    const int64_t chunks = (N + CH - 1) / CH;
+    const int64_t groups = std::min<int64_t>(chunks, 4 * at::get_num_threads());
+    // cand[g][m]: (score, index) pairs, at most k, of group g
+    std::vector<std::vector<std::vector<Cand>>> cand(groups, std::vector<std::vector<Cand>>(M));
+    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
+        std::vector<float> buf(M * CH);
+        for (int64_t g = g0; g < g1; ++g) {
+            const int64_t c0 = chunks * g / groups, c1 = chunks * (g + 1) / groups;
+            for (int64_t c = c0; c < c1; ++c) {
+                const int64_t n0 = c * CH, n1 = std::min(N, n0 + CH);
+                run_rows(t, wp + n0 * rb, rb, 0, n1 - n0, qa.acts, buf.data(), CH);
+                for (int64_t m = 0; m < M; ++m)
+                    offer(cand[g][m], k, buf.data() + m * CH, n1 - n0, n0);
+            }
+        }
+    });
+    torch::Tensor vals = torch::empty({M, k}, torch::kFloat32);
+    torch::Tensor idx = torch::empty({M, k}, torch::kInt64);
+    auto vp = vals.accessor<float, 2>();
+    auto ip = idx.accessor<int64_t, 2>();
+    for (int64_t m = 0; m < M; ++m) {
+        std::vector<Cand> all;
+        for (int64_t g = 0; g < groups; ++g) all.insert(all.end(), cand[g][m].begin(), cand[g][m].end());
+        std::partial_sort(all.begin(), all.begin() + k, all.end(), better);
+        for (int64_t i = 0; i < k; ++i) {
+            vp[m][i] = all[i].first;
+            ip[m][i] = all[i].second;
+        }
+    }
+    return {vals, idx};
+}
+
+// The activation quantization alone, for tests: (int8 quants, scales) per block of 32.
+std::vector<torch::Tensor> quantize_q8(const torch::Tensor& x) {
+    Quantized qa = quantize_rows(x);
+    return {qa.q, qa.d};
+}
+
+std::string isa() {
+#ifdef MIMO_ISA_VNNI
+    return "avx512-vnni";
+#else
+    return "avx2";
+#endif
+}
+
+// attention.cpp
+torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                     const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                     const torch::Tensor& lens, double scale,
+                                     const torch::Tensor& sinks);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.def("qlinear", &qlinear, "x @ concat(W_i)^T with GGUF-block weights");
+    m.def("qtopk", &qtopk, "top-k columns of x @ W^T per row, scores never written");
+    m.def("quantize_q8", &quantize_q8, "activations -> int8 blocks of 32 and their scales");
+    m.def("paged_decode_attention", &paged_decode_attention,
+          "one query per sequence over paged KV read in place (GQA, sinks)");
+    m.def("isa", &isa, "the instruction set this build was compiled for");
+}
