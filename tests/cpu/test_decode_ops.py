@@ -266,8 +266,9 @@ def test_decode_attention_matches_float64(ops, cache_dtype, sinks, dims, lens):
 def test_default_model_greedy_tokens_fused_equal_plain(gemma_loaded):
     """Gemma 3 270M from its GGUF (the default runtime: bf16, the file's blocks): the fused
     layers give the plain layers' greedy tokens up to the first step where the plain run's
-    top-2 margin is at most one bf16 step of its logits (0.125 at these magnitudes: a tie
-    that the attention's summation order decides)."""
+    top-2 margin is at most two bf16 steps of its logits (0.25 at these magnitudes: a tie
+    that the attention's summation order decides; at equal tokens the two runs' top
+    log-probabilities were measured up to 0.27 apart, their bf16 KV caches drifting apart)."""
     from mimo import LLM
     prompts = ["The capital of France is", "def quicksort(xs):\n", "Once upon a time, a",
                "The three primary colors are", "import numpy as np\n\n"]
@@ -277,4 +278,4 @@ def test_default_model_greedy_tokens_fused_equal_plain(gemma_loaded):
                           fused_decode=fused, kv_cache_memory="64MiB")
         assert llms[fused].engine.weights.format == "gguf"
         assert llms[fused].engine.weights.fused_layers == (18 if fused == "auto" else 0)
-    assert _agree(llms["auto"], llms["off"], prompts, 0.125, 32) >= 40
+    assert _agree(llms["auto"], llms["off"], prompts, 0.25, 32) >= 40
