@@ -140,8 +140,9 @@ class RuntimeConfig:
     decode_graphs: str = "auto"
     # Decode steps with gguf or q8_0 weights run each decoder layer as one C++ call
     # (models/fused_decode.py): 'auto' (on where the CPU kernels load and the layer is of a
-    # shape they run) or 'off' (the plain PyTorch layers, the reference).
-    fused_decode: str = "auto"
+    # shape they run) or 'off' (the plain PyTorch layers, the reference). Off by default
+    # until batched fused steps agree with the reference (docs/cpu_kernels.md).
+    fused_decode: str = "off"
 
     def __post_init__(self):
         if self.dtype == "auto":
