@@ -18,6 +18,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from .tcp_relay import close_all, pipe
+
 
 class FaultRelay:
     def __init__(self, upstream_port: int, match: bytes = b"/v1/internal/prefill"):
@@ -64,11 +66,11 @@ class FaultRelay:
             conn.close()
             return
         armed = self._take(first)
-        threading.Thread(target=self._pipe, args=(conn, up), daemon=True).start()
+        threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
         if armed is not None and armed[0] == "kill":
             armed[2]()
             self.fired.set()
-            return self._close(conn, up)
+            return close_all(conn, up)
         sent = 0
         try:
             while chunk := up.recv(65536):
@@ -86,26 +88,9 @@ class FaultRelay:
                 sent += len(chunk)
         except OSError:
             pass
-        self._close(conn, up)
-
-    @staticmethod
-    def _close(*socks: socket.socket) -> None:
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
+        close_all(conn, up)
 
     def stop(self) -> None:
         self._lsock.close()
-        self._close(*self._held)
+        close_all(*self._held)
         self._held.clear()

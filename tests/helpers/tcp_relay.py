@@ -7,6 +7,25 @@ import socket
 import threading
 
 
+def close_all(*socks: socket.socket) -> None:
+    """Shut down and close each socket, whatever state the other side left it in."""
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        s.close()
+
+
+def pipe(src: socket.socket, dst: socket.socket) -> None:
+    """Copy bytes from `src` to `dst` until either side closes."""
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+
+
 class CuttingRelay:
     def __init__(self, upstream_port: int, cut_after: int, on_cut=None):
         self.upstream_port, self.cut_after, self.on_cut = upstream_port, cut_after, on_cut
@@ -32,7 +51,7 @@ class CuttingRelay:
         except OSError:
             conn.close()
             return
-        threading.Thread(target=self._pipe, args=(conn, up), daemon=True).start()
+        threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
         sent = 0
         try:
             while True:
@@ -50,20 +69,7 @@ class CuttingRelay:
         except OSError:
             pass
         finally:
-            for s in (conn, up):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while chunk := src.recv(65536):
-                dst.sendall(chunk)
-        except OSError:
-            pass
+            close_all(conn, up)
 
     def stop(self) -> None:
         self._lsock.close()
