@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -223,6 +224,9 @@ def measure(args) -> dict:
 
 
 def run(args) -> int:
+    # Refuse before minutes of measuring, not after them.
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise SystemExit("--plot needs matplotlib (pip install -e '.[bench]')")
     out = measure(args)
     print(json.dumps(out), flush=True)
     return 0
