@@ -63,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=128, help="prompt of each decode stream")
     p.add_argument("--prefill-tokens", type=int, default=16384, help="the long prompt's tokens")
     p.add_argument("--pytest-timeout", type=int, default=420, help="seconds for the kernel tests")
+    p.add_argument("--pytest-log", default=None, metavar="PATH",
+                   help="write the kernel tests' whole output here (stderr gets its end)")
     a = p.parse_args(argv)
     for name in ("decode_tokens", "prompt_tokens", "prefill_tokens", "pytest_timeout"):
         if getattr(a, name) < 1:
@@ -78,7 +80,7 @@ def parse_pytest_summary(text: str) -> dict:
     return counts
 
 
-def kernels_phase(timeout: int) -> dict:
+def kernels_phase(timeout: int, log: str | None = None) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0", "HF_HUB_OFFLINE": "1", "MIMO_COMPILE": "off"}
     t0 = time.perf_counter()
     try:
@@ -91,6 +93,8 @@ def kernels_phase(timeout: int) -> dict:
         raw = e.stdout or b""
         out, rc = raw.decode(errors="replace") if isinstance(raw, bytes) else raw, 124
     sys.stderr.write(out[-4000:])
+    if log:
+        Path(log).write_text(out)
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
     return {"rc": rc, **parse_pytest_summary(out.strip().splitlines()[-1] if out.strip() else ""),
             "failed_tests": failed[:20], "seconds": round(time.perf_counter() - t0, 1)}
@@ -132,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_check: {phase} ...", file=sys.stderr, flush=True)
         try:
             if phase == "kernels":
-                results[phase] = kernels_phase(a.pytest_timeout)
+                results[phase] = kernels_phase(a.pytest_timeout, a.pytest_log)
             elif phase == "model":
                 from .gpu_check_runs import model_phase
                 results[phase] = model_phase(a.device)

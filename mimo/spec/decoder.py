@@ -71,7 +71,7 @@ class SpecDecoder(DecodeStep):
         greedy = [(c, r) for c, r in spans if c.seq.params.greedy and not c.seq.params.needs_logits]
         if greedy:
             rows = [r + i for c, r in greedy for i in range(1 + len(c.draft))]
-            target = head.greedy(hidden.index_select(0, torch.tensor(rows)))
+            target = head.greedy(hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
             j = 0
             for c, _ in greedy:
                 m = 1 + len(c.draft)
@@ -80,7 +80,7 @@ class SpecDecoder(DecodeStep):
         rest = [(c, r) for c, r in spans if id(c) not in out]
         if rest:
             rows = [r + i for c, r in rest for i in range(1 + len(c.draft))]
-            logits = head.logits(hidden.index_select(0, torch.tensor(rows)))
+            logits = head.logits(hidden.index_select(0, torch.tensor(rows, device=hidden.device)))
             j = 0
             for c, _ in rest:
                 m = 1 + len(c.draft)

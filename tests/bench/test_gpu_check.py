@@ -50,7 +50,7 @@ def test_help_lists_every_option():
     r = _run("--help")
     assert r.returncode == 0
     for flag in ("--phases", "--device", "--streams", "--decode-tokens", "--prompt-tokens",
-                 "--prefill-tokens", "--pytest-timeout"):
+                 "--prefill-tokens", "--pytest-timeout", "--pytest-log"):
         assert flag in r.stdout
 
 

@@ -25,10 +25,13 @@ from mimo.gpu.paged_metadata import build_paged_metadata
 TOL = dict(atol=2e-5, rtol=2e-5)
 
 
-def check_step(pool, chunks, backend, sinks, split, seed):
+def check_step(pool, chunks, backend, sinks, split, seed, device="cpu"):
+    """The torch reference on the CPU pool; Triton on `device` (copies of the caches and of
+    q/k/v there, the metadata built there), compared back on the CPU."""
     runner = ModelRunner(torch.nn.Linear(1, 1), pool, ("full", "swa"), W)
     _, _, ctx, _, _ = runner.prepare(chunks, all_logits=True)
-    metas = build_paged_metadata(chunks, pool, W, swa_sinks=sinks, split_verify=split)
+    metas = build_paged_metadata(chunks, pool, W, swa_sinks=sinks, split_verify=split,
+                                 device=device)
     for m in metas.values():        # the host copies the kernels' launch reads
         assert m.max_qo_len == int((m.qo_indptr[1:] - m.qo_indptr[:-1]).max())
         assert m.max_kv_len == int(m.kv_len.max())
@@ -38,11 +41,14 @@ def check_step(pool, chunks, backend, sinks, split, seed):
         hkv, d, dv = kc.shape[1], kc.shape[2], vc.shape[2]
         q, k, v = (torch.randn(T, h, x, generator=g) for h, x in ((HQ, d), (hkv, d), (hkv, dv)))
         sk = torch.randn(HQ, generator=g) * 2 if kind == "swa" and sinks else None
-        ka, va, kb, vb = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+        ka, va = kc.clone(), vc.clone()
+        kb, vb = kc.to(device, copy=True), vc.to(device, copy=True)
         want = TorchAttention().forward(q, k, v, ka, va, ctx.batches[kind], d ** -0.5, sk)
-        got = backend.forward(q, k, v, kb, vb, metas[kind], d ** -0.5, sk)
-        torch.testing.assert_close(got, want, **TOL)
-        assert torch.equal(ka, kb) and torch.equal(va, vb), f"{kind} cache writes differ"
+        dev = [x.to(device) if x is not None else None for x in (q, k, v, sk)]
+        got = backend.forward(dev[0], dev[1], dev[2], kb, vb, metas[kind], d ** -0.5, dev[3])
+        torch.testing.assert_close(got.cpu(), want, **TOL)
+        assert torch.equal(ka, kb.cpu()) and torch.equal(va, vb.cpu()), \
+            f"{kind} cache writes differ"
     return metas
 
 
@@ -50,7 +56,6 @@ def check_step(pool, chunks, backend, sinks, split, seed):
 @pytest.mark.parametrize("seed", range(2))
 def test_triton_backend_random_steps_match_torch(seed, hybrid, triton_device):
     from mimo.gpu.triton_attention import TritonAttention
-    assert triton_device == "cpu"       # the pools here are CPU tensors
     # Pieces of at least 16 keys, at most 3: decodes here split into 1 to 3 pieces.
     backend = TritonAttention(num_splits=3, min_split_keys=16, block_n=16)
     rnd = random.Random(seed)
@@ -81,7 +86,7 @@ def test_triton_backend_random_steps_match_torch(seed, hybrid, triton_device):
                 kinds.add("verify" if d else "decode")
         split = rnd.random() < 0.5
         metas = check_step(pool, chunks, backend, sinks=seed % 2 == 0, split=split,
-                           seed=seed * 100 + step)
+                           seed=seed * 100 + step, device=triton_device)
         kinds.add("all_decode" if metas["full"].all_decode else "mixed")
         for c in chunks:
             commit(pool, c, rnd.randint(1, c.n) if c.draft else None)
@@ -119,7 +124,7 @@ def test_triton_runner_builds_paged_metadata(triton_device):
 
 
 # ---- choosing the backend ------------------------------------------------------------------
-def test_triton_backend_choice(monkeypatch, triton_device):
+def test_cpu_backend_choice(monkeypatch):
     import mimo.gpu.backends as backends
     assert resolve_backend("torch", "cpu") == "torch"
     assert resolve_backend("auto", "cpu") == "torch"
@@ -129,7 +134,13 @@ def test_triton_backend_choice(monkeypatch, triton_device):
     monkeypatch.setattr(backends, "_cpu_kernels", lambda: False)
     with pytest.raises(ValueError, match="did not build or load"):
         resolve_backend("cpu", "cpu")
-    # The interpreter (set for these tests) lets triton run on CPU tensors ...
+
+
+def test_triton_backend_choice(monkeypatch, triton_device):
+    import mimo.gpu.backends as backends
+    # The interpreter (set for these tests on a machine without CUDA) lets triton run on
+    # CPU tensors ...
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert resolve_backend("triton", "cpu") == "triton"
     assert make_backend("triton", "cpu").paged
     # ... without it, CPU is refused, naming the reason.
