@@ -302,7 +302,8 @@ PYBIND11_MODULE(MIMO_CAT(TORCH_EXTENSION_NAME, _decode_ops), m) {
                             std::vector<torch::Tensor>, torch::Tensor, torch::Tensor,
                             int64_t, int64_t, int64_t, int64_t, int64_t, double, double, double,
                             std::string, bool>())
-        .def("forward", &DecodeLayer::forward, "one decode step of the layer");
+        .def("forward", &DecodeLayer::forward, "one decode step of the layer",
+             py::call_guard<py::gil_scoped_release>());
     m.def("rms_norm", &rms_norm, "x * rsqrt(mean(x^2) + eps) * scale per row");
     m.def("act_and_mul", &act_and_mul, "act(gate) * up of [T, 2I]");
     m.def("rope", &rope, "rotate-half RoPE with sign-folded sin tables");

@@ -200,8 +200,11 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& sinks);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-    m.def("qlinear", &qlinear, "x @ concat(W_i)^T with GGUF-block weights");
-    m.def("qtopk", &qtopk, "top-k columns of x @ W^T per row, scores never written");
+    // The products release the GIL: the event loop thread serves streams meanwhile.
+    m.def("qlinear", &qlinear, "x @ concat(W_i)^T with GGUF-block weights",
+          py::call_guard<py::gil_scoped_release>());
+    m.def("qtopk", &qtopk, "top-k columns of x @ W^T per row, scores never written",
+          py::call_guard<py::gil_scoped_release>());
     m.def("quantize_q8", &quantize_q8, "activations -> int8 blocks of 32 and their scales");
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over paged KV read in place (GQA, sinks)");
