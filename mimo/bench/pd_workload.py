@@ -172,6 +172,7 @@ def transfer_figures(pre0: dict, pre1: dict, dec0: dict, dec1: dict) -> dict:
     s0, s1, r0, r1 = pre0["sent"], pre1["sent"], dec0["received"], dec1["received"]
     wire, full = d(r0, r1, "wire_bytes"), d(r0, r1, "full_kv_bytes")
     prefill, send = d(s0, s1, "prefill_seconds"), d(s0, s1, "send_seconds")
+    tail = d(s0, s1, "send_tail_seconds")
     recv = d(r0, r1, "seconds")
     return {"transfers": int(d(r0, r1, "transfers")), "failed": int(d(r0, r1, "failed")),
             "recomputed": int(d(r0, r1, "recomputed")),
@@ -180,6 +181,9 @@ def transfer_figures(pre0: dict, pre1: dict, dec0: dict, dec1: dict) -> dict:
             "kv_bytes": int(d(r0, r1, "kv_bytes")), "full_kv_bytes": int(full),
             "kv_bytes_ratio": round(wire / full, 4) if full else None,
             "prefill_s": round(prefill, 3), "send_s": round(send, 4),
+            # prompt computed -> last byte handed to the socket: the sending that did not
+            # overlap the prefill (frames go out while later layers and chunks compute)
+            "send_tail_s": round(tail, 4),
             "receive_s": round(recv, 3),
             # the prefill worker handing the stream to the socket, per second of prefill
             "transfer_fraction": round(send / prefill, 5) if prefill else None,

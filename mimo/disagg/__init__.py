@@ -3,8 +3,9 @@
 A decode worker (`--role decode`) that receives a request naming a prefill worker (the
 router's `x-mimo-prefill` header) asks that worker for the prompt's KV (`PrefillClient`):
 the prefill worker (`--role prefill`, `PrefillEndpoint`) computes the prompt and its first
-token and streams back the full layers' pages and each SWA layer's window only, one binary
-frame per layer (`wire`); the decode worker holds them in host memory until its scheduler
+token and streams back the full layers' pages and each SWA layer's window only, in binary
+frames of pages sent while the prompt is still being computed (`wire`, `KVSender`); the
+decode worker holds them in host memory until its scheduler
 admits the request, then decodes (`DecodeGenerate`). A transfer that fails or times out is
 a local recompute. `roles` wires a server for its role.
 """

@@ -43,7 +43,7 @@ class PrefillClient:
                       ) -> wire.Prefilled:
         t0 = time.perf_counter()
         body = {"prompt_ids": prompt_ids, "cache_salt": scope.salt, "session": scope.session,
-                "fingerprint": self.fingerprint}
+                "fingerprint": self.fingerprint, "wire": wire.VERSION}
         try:
             async with self._http().stream("POST", url.rstrip("/") + PREFILL_PATH, json=body,
                                            headers=self._headers) as resp:

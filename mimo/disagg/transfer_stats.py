@@ -13,7 +13,10 @@ class TransferStats:
     full_kv_bytes: int = 0      # what a full-KV layout would hold for the same prompts
     seconds: float = 0.0        # decode side: request sent -> last byte received
     prefill_seconds: float = 0.0    # prefill side: request received -> prompt computed
-    send_seconds: float = 0.0   # prefill side: first frame -> last frame handed to the socket
+    send_seconds: float = 0.0   # prefill side: handing the stream's bytes to the socket
+    # prefill side: prompt computed -> last byte handed to the socket (the sending that did
+    # not overlap the prefill)
+    send_tail_seconds: float = 0.0
 
     def as_dict(self) -> dict:
         out = asdict(self)

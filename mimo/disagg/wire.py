@@ -1,14 +1,22 @@
-"""The KV stream between a prefill and a decode worker: binary tensors, one frame per layer.
+"""The KV stream between a prefill and a decode worker: binary tensors in frames, each a run
+of pages of one layer, sent as soon as the prefill worker has them.
 
-    MAGIC (8 bytes) | u32 n | header JSON (n bytes) | per layer: u32 index | K bytes | V bytes
-    | u32 END | u64 payload bytes
+    MAGIC (8 bytes) | u32 n | header JSON (n bytes)
+    | frames: u32 layer | u32 first page | u32 pages | K bytes | V bytes
+    | u32 END | u32 first token | u32 cached tokens | u64 payload bytes
 
-The header names the request's prompt length, first token, cached tokens, paging, dtype and
-every layer's K/V shapes (full layers first, then SWA layers: each holds only its window).
-Frame sizes follow from the shapes, so a frame is raw tensor bytes with no per-frame
-encoding. The decode side allocates the payload's host buffers when the header arrives (its
-reservation) and fills each layer as its bytes arrive; a stream that ends early, carries a
-wrong index or a wrong byte count is a failed transfer (`TransferFailed`).
+The header names the prompt length, paging, dtype and every layer's K/V shapes (full layers
+first, then SWA layers: each holds only its window); it goes out before the prompt is
+computed. A layer's frames cover its pages in order without gaps (pages counted from the
+layer's first payload page); frames of different layers interleave freely (the prefill
+worker sends layer by layer, chunk by chunk: `engine/kv_export.py`). The first token and
+the prefill's cache hits are known only at the end: they travel in the trailer. Frame sizes
+follow from the shapes, so a frame is raw tensor bytes after its 12-byte head. The decode
+side allocates the payload's host buffers when the header arrives (its reservation) and
+fills each frame's pages as its bytes arrive; a stream that ends early, carries a frame out
+of order or of the wrong size, or whose trailer does not match is a failed transfer
+(`TransferFailed`). `VERSION` is the format's number: the decode worker sends it with its
+request and a prefill worker speaking another answers 409 before any byte of KV.
 """
 from __future__ import annotations
 
@@ -19,13 +27,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kvcache.kv_frames import KVFrame
 from ..kvcache.kv_payload import KVPayload, payload_shapes
 from ..kvcache.pool.layout import KVLayout
 
-MAGIC = b"MIMOKV1\n"
+VERSION = 2
+MAGIC = b"MIMOKV2\n"
 END = 0xFFFFFFFF
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 MAX_HEADER = 1 << 20
+FRAME = struct.Struct("<III")       # layer, first page, pages
+TRAILER = struct.Struct("<IIIQ")    # END, first token, cached tokens, payload bytes
 
 
 class TransferFailed(Exception):
@@ -41,7 +53,7 @@ class Prefilled:
     wire_bytes: int = 0         # bytes of the stream as received
 
 
-def _dtype_name(t: torch.dtype) -> str:
+def dtype_name(t: torch.dtype) -> str:
     return next(k for k, v in DTYPES.items() if v == t)
 
 
@@ -50,25 +62,44 @@ def _raw(t: torch.Tensor) -> memoryview:
     return t.contiguous().view(torch.uint8).numpy().data.cast("B")
 
 
-def encode(first_token: int, cached_tokens: int, payload: KVPayload,
-           fingerprint: str) -> Iterator[bytes | memoryview]:
-    """The stream's chunks: the header, then each layer's frame as three chunks (its index,
-    then views of its K and V: the socket copies them once, nothing here does)."""
+def header(layout: KVLayout, tokens: int, page_size: int, dtype: str, fingerprint: str
+           ) -> bytes:
+    """The stream's opening: magic, then the shapes of a `tokens`-position payload."""
+    first, full, swa = payload_shapes(layout, tokens, page_size)
+    return _header(tokens, page_size, first, full, swa, dtype, fingerprint)
+
+
+def _header(tokens: int, page_size: int, first: int, full: list, swa: list, dtype: str,
+            fingerprint: str) -> bytes:
+    h = json.dumps({"tokens": tokens, "page_size": page_size, "swa_first_page": first,
+                    "dtype": dtype, "fingerprint": fingerprint,
+                    "full": [[list(k), list(v)] for k, v in full],
+                    "swa": [[list(k), list(v)] for k, v in swa]}).encode()
+    return MAGIC + struct.pack("<I", len(h)) + h
+
+
+def frame_chunks(f: KVFrame) -> tuple[bytes, memoryview, memoryview]:
+    """A frame as three chunks: its head, then views of its K and V (the socket copies
+    them once, nothing here does). The frame's bytes must be in host memory (`f.wait()`)."""
+    return FRAME.pack(f.layer, f.first_page, f.pages), _raw(f.k), _raw(f.v)
+
+
+def trailer(first_token: int, cached_tokens: int, payload_bytes: int) -> bytes:
+    return TRAILER.pack(END, first_token, cached_tokens, payload_bytes)
+
+
+def encode(first_token: int, cached_tokens: int, payload: KVPayload, fingerprint: str
+           ) -> Iterator[bytes | memoryview]:
+    """A whole payload as one stream, one frame per layer (benches and tests; a prefill
+    worker sends frames as its engine makes them)."""
     layers = payload.full + payload.swa
     dtype = layers[0][0].dtype if layers else torch.float32
-    header = {"tokens": payload.tokens, "page_size": payload.page_size,
-              "swa_first_page": payload.swa_first_page, "first_token": first_token,
-              "cached_tokens": cached_tokens, "dtype": _dtype_name(dtype),
-              "fingerprint": fingerprint,
-              "full": [[list(k.shape), list(v.shape)] for k, v in payload.full],
-              "swa": [[list(k.shape), list(v.shape)] for k, v in payload.swa]}
-    h = json.dumps(header).encode()
-    yield MAGIC + struct.pack("<I", len(h)) + h
+    yield _header(payload.tokens, payload.page_size, payload.swa_first_page,
+                  [(k.shape, v.shape) for k, v in payload.full],
+                  [(k.shape, v.shape) for k, v in payload.swa], dtype_name(dtype), fingerprint)
     for i, (k, v) in enumerate(layers):
-        yield struct.pack("<I", i)
-        yield _raw(k)
-        yield _raw(v)
-    yield struct.pack("<IQ", END, payload.nbytes)
+        yield from frame_chunks(KVFrame(i, 0, k.shape[0] // payload.page_size, k, v))
+    yield trailer(first_token, cached_tokens, payload.nbytes)
 
 
 class _Reader:
@@ -153,16 +184,33 @@ async def decode(chunks: AsyncIterator[bytes | memoryview], fingerprint: str, la
                              for k, v in full],
                             [(torch.empty(k, dtype=dtype), torch.empty(v, dtype=dtype))
                              for k, v in swa])
-        first, cached = int(h["first_token"]), int(h["cached_tokens"])
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise TransferFailed(f"malformed KV stream header: {e!r}") from None
-    for i, (k, v) in enumerate(payload.full + payload.swa):
-        (idx,) = struct.unpack("<I", await r.read(4))
-        if idx != i:
-            raise TransferFailed(f"KV frame {idx} where frame {i} was due")
-        await r.read_into(k)
-        await r.read_into(v)
-    end, total = struct.unpack("<IQ", await r.read(12))
-    if end != END or total != payload.nbytes or not await r.at_end():
-        raise TransferFailed("KV stream trailer does not match what arrived")
+    first, cached = await _frames(r, payload)
     return Prefilled(first, cached, payload, r.received)
+
+
+async def _frames(r: _Reader, payload: KVPayload) -> tuple[int, int]:
+    """Read frames into `payload` up to the trailer; (first token, cached tokens)."""
+    layers = payload.full + payload.swa
+    P = payload.page_size
+    filled = [0] * len(layers)
+    while True:
+        layer, a, b = FRAME.unpack(await r.read(FRAME.size))
+        if layer == END:        # the trailer: END, first token, cached tokens, bytes
+            first, cached = a, b
+            break
+        if layer >= len(layers):
+            raise TransferFailed(f"KV frame for layer {layer} of {len(layers)}")
+        k, v = layers[layer]
+        if a != filled[layer] or b < 1 or (a + b) * P > k.shape[0]:
+            raise TransferFailed(f"KV frame of layer {layer}: pages {a}+{b} after "
+                                 f"{filled[layer]} of {k.shape[0] // P}")
+        await r.read_into(k[a * P:(a + b) * P])
+        await r.read_into(v[a * P:(a + b) * P])
+        filled[layer] += b
+    (total,) = struct.unpack("<Q", await r.read(8))
+    if filled != [k.shape[0] // P for k, _ in layers] or total != payload.nbytes \
+            or not await r.at_end():
+        raise TransferFailed("KV stream trailer does not match what arrived")
+    return first, cached

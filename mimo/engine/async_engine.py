@@ -22,6 +22,7 @@ from ..kvcache.radix.namespace import CacheScope
 from .engine import LLMEngine
 from .errors import EngineStopped, StepFailed
 from .face import EngineInfo, EngineStats
+from .kv_export import FrameSink, KVExport
 from .sampling_params import SamplingParams
 from .sequence import Sequence
 from .snapshot import engine_info, engine_stats
@@ -145,13 +146,15 @@ class AsyncEngine:
         its cache salt and session key."""
         return self._queue("add", self._new(prompt_ids, params, mm, scope))
 
-    def submit_prefill(self, prompt_ids: list[int], scope: CacheScope = CacheScope()
-                       ) -> RequestStream:
+    def submit_prefill(self, prompt_ids: list[int], sink: FrameSink,
+                       scope: CacheScope = CacheScope()) -> RequestStream:
         """A prefill worker's half of a request: compute the prompt and its greedy first
-        token only; once the stream ends, `stream.seq.exported` holds a host copy of the
-        prompt's KV (a KVPayload; engine/kv_transfer.py)."""
+        token only. While the prompt runs, the engine thread puts its KV into `sink` frame
+        by frame (`kvcache.kv_frames.KVFrame`: every full layer's pages, each SWA layer's
+        window), each as soon as it is final (engine/kv_export.py); every frame is in the
+        sink before the stream's last event (the first token) is emitted."""
         seq = self._new(prompt_ids, SamplingParams(max_tokens=1, temperature=0.0), None, scope)
-        seq.export_kv = True
+        seq.kv_export = KVExport(sink)
         return self._queue("add", seq)
 
     def submit_imported(self, prompt_ids: list[int], params: SamplingParams, payload,

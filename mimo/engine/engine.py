@@ -19,6 +19,7 @@ from ..models.layers import INT8_MAX_ROWS, QUANT_MAX_ROWS
 from .errors import EngineBroken, RequestError, StepFailed
 from .face import fit
 from .graph_decode import BucketedDecode, resolve_decode_graphs
+from .kv_export import KVExporter
 from .kv_transfer import KVTransfers
 from .parts import EngineParts
 from .runner import ModelRunner
@@ -84,6 +85,7 @@ class LLMEngine:
                                    num_draft=self.decode.num_draft, swa_lag=self.decode.swa_lag,
                                    prefill=parts.build_prefill())
         self.transfers = KVTransfers(self.scheduler, self.pool, self.cache)
+        self.exports = KVExporter(self.pool, self.runner.slots)
         self.failed_steps = 0       # steps that raised (each failed only its requests)
         self._ids = itertools.count()
         self._default_gen = torch.Generator().manual_seed(config.seed)
@@ -239,7 +241,11 @@ class LLMEngine:
         if not chunks:
             return []
         sampled = [c for c in chunks if c.sample]
-        tokens = dec.execute(self.runner, self.model.lm_head, chunks)
+        self.runner.layer_hook = self.exports.layer_hook(chunks)
+        try:
+            tokens = dec.execute(self.runner, self.model.lm_head, chunks)
+        finally:
+            self.runner.layer_hook = None
         out = []
         kept: dict[ScheduledChunk, int] = {}
         for c, toks in zip(sampled, tokens):
@@ -254,7 +260,7 @@ class LLMEngine:
             if k is not None:
                 kept[c] = k
         dec.end_step()
-        self.transfers.export(sampled)      # before window release and before finishing
+        self.exports.finish(chunks)         # before window release and before finishing
         sched.commit(chunks, kept)
         for c in chunks:
             if c.seq.finish_reason is not None:

@@ -1,9 +1,5 @@
-"""KVTransfers: the engine's side of disaggregated serving (mimo/disagg), both ways.
-
-Export (a prefill worker): a request marked `export_kv` gets a host copy of its prompt KV
-(`Sequence.exported`, a `KVPayload`: every full layer's pages, only the window of each SWA
-layer) in the step that computes its last prompt token, before window release and before
-its pages go back to the pool or the prefix cache.
+"""KVTransfers: the decode side of disaggregated serving (mimo/disagg) in the engine; the
+prefill side hands its KV over frame by frame (kv_export.py).
 
 Import (a decode worker): a request whose prompt KV was computed elsewhere waits here, the
 payload in host memory, until the scheduler could admit it under its own rule (both pools,
@@ -21,13 +17,12 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from ..kvcache.kv_payload import KVPayload, export_payload, import_payload
+from ..kvcache.kv_payload import KVPayload, import_payload
 from .sequence import NO_CACHE, Sequence, Status
 
 if TYPE_CHECKING:
     from ..kvcache.pool.dual_pool import DualPool
     from ..kvcache.radix.prefix_cache import PrefixCache
-    from .scheduled_chunk import ScheduledChunk
     from .scheduler import Scheduler
 
 log = logging.getLogger("mimo.engine")
@@ -43,16 +38,6 @@ class KVTransfers:
     def __len__(self) -> int:
         return len(self._pending)
 
-    # ---- export -------------------------------------------------------------------------
-    def export(self, sampled: list[ScheduledChunk]) -> None:
-        """Snapshot the prompt KV of marked requests whose prompt this step completed."""
-        for c in sampled:
-            seq = c.seq
-            n = len(seq.prompt_ids)
-            if seq.export_kv and seq.exported is None and c.start + c.n == n:
-                seq.exported = export_payload(self.pool, seq.running_kv, n)
-
-    # ---- import -------------------------------------------------------------------------
     def add(self, seq: Sequence, payload: KVPayload) -> None:
         """Queue `seq` (prompt, and its first token when the payload's worker sampled it)
         to run on `payload`; a payload that does not fit this engine is a recompute."""

@@ -1,6 +1,7 @@
 """The one place that turns scheduled requests into tensors and runs the model."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,14 +35,20 @@ class ModelRunner:
         # layout, in the full pool (like every layer) in the full-kv layout.
         self.has_swa = "swa" in layer_types
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.slots: list[tuple[str, int]] = []      # per layer: its pool and index there
         nf = ns = 0
         for t in layer_types:
             if t == "swa" and pool.hybrid:
                 self.kv.append((pool.swa.k(ns), pool.swa.v(ns)))
+                self.slots.append(("swa", ns))
                 ns += 1
             else:
                 self.kv.append((pool.full.k(nf), pool.full.v(nf)))
+                self.slots.append(("full", nf))
                 nf += 1
+        # The current step's per-layer callback (ForwardContext.after_layer); the engine
+        # sets it around a step that hands KV over layer by layer (kv_export.py).
+        self.layer_hook: Callable[[int], None] | None = None
 
     def execute(self, chunks: list[ScheduledChunk], all_logits: bool = False) -> torch.Tensor:
         """Run one step. Returns final hidden states for the chunks with `sample` set, in
@@ -95,7 +102,8 @@ class ModelRunner:
             if c.sample:
                 rows.extend(range(row - 1 - len(c.draft), row))
         dev = self.device
-        ctx = ForwardContext(self.kv, self._batches(chunks, spans), self.backend)
+        ctx = ForwardContext(self.kv, self._batches(chunks, spans), self.backend,
+                             self.layer_hook)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
         logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
         if not mm:

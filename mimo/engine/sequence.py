@@ -88,11 +88,10 @@ class Sequence:
     # The grammar matcher of params.constraint (the decode step makes it on first use); its
     # state always equals output_ids consumed.
     matcher: Any = None
-    # Disaggregated serving (engine/kv_transfer.py): `export_kv` asks for a host copy of the
-    # prompt KV (`exported`, a KVPayload) once the prompt is computed; `kv_import` is the
-    # transferred payload a request waits with until it is admitted.
-    export_kv: bool = False
-    exported: Any = None
+    # Disaggregated serving: `kv_export` (a kv_export.KVExport) hands the prompt KV over
+    # frame by frame as its pages become final; `kv_import` is the transferred payload a
+    # request waits with until it is admitted (kv_transfer.py).
+    kv_export: Any = None
     kv_import: Any = None
 
     @property

@@ -7,10 +7,10 @@ positions [0, tokens) (whole pages), and for every SWA layer only the pages from
 prompt token instead (position tokens - 1) sees one more, so the window starts at
 tokens - window. Everything older is never read again and never moved.
 
-Tensors are host copies ([pages * page_size, kv_heads, dim] per layer), so the sender's
-pages may be reused once `export_payload` returns and the receiver holds them in host
-memory until its scheduler admits the request (`import_payload` copies them onto the pool's
-device, layer by layer).
+Tensors are host copies ([pages * page_size, kv_heads, dim] per layer): the sender makes
+them frame by frame as its pages become final (`kv_frames.KVFrame`), and the receiver holds
+them in host memory until its scheduler admits the request (`import_payload` copies them
+onto the pool's device, layer by layer).
 """
 from __future__ import annotations
 
@@ -104,48 +104,23 @@ def full_kv_bytes(layout: KVLayout, tokens: int) -> int:
     return per_token * tokens
 
 
-def _page_slots(pages: list[int], page_size: int, device) -> torch.Tensor:
+def page_slots(pages: list[int], page_size: int, device) -> torch.Tensor:
     p = torch.tensor(pages, dtype=torch.int64)
     return (p[:, None] * page_size + torch.arange(page_size)).reshape(-1).to(device)
-
-
-def export_payload(pool: DualPool, kv: SeqKV, tokens: int) -> KVPayload:
-    """Host copy of the KV a request holds for positions [0, tokens): every full page, and
-    the SWA window pages (which must still be live)."""
-    P = pool.page_size
-    pages = _cdiv(tokens, P)
-    if len(kv.full_pages) < pages:
-        raise ValueError(f"request holds {len(kv.full_pages)} pages, fewer than {tokens} tokens")
-    first = window_first_page(tokens, pool.window, P) if pool.hybrid else 0
-    out = KVPayload(tokens, P, first)
-    if pool.layout.full:
-        idx = _page_slots(kv.full_pages[:pages], P, pool.full.k(0).device)
-        out.full = [(pool.full.k(i).index_select(0, idx).cpu(),
-                     pool.full.v(i).index_select(0, idx).cpu())
-                    for i in range(len(pool.layout.full))]
-    if pool.hybrid:
-        window = kv.swa_pages[first:pages]
-        if len(window) != pages - first or any(p is None for p in window):
-            raise RuntimeError("the SWA window to export was already released")
-        idx = _page_slots([p for p in window if p is not None], P, pool.swa.k(0).device)
-        out.swa = [(pool.swa.k(i).index_select(0, idx).cpu(),
-                    pool.swa.v(i).index_select(0, idx).cpu())
-                   for i in range(len(pool.layout.swa))]
-    return out
 
 
 def import_payload(pool: DualPool, kv: SeqKV, payload: KVPayload) -> None:
     """Copy a payload into the pages `DualPool.grow_imported` gave `kv`, layer by layer."""
     pages = payload.num_pages
     if pool.layout.full:
-        idx = _page_slots(kv.full_pages[:pages], pool.page_size, pool.full.k(0).device)
+        idx = page_slots(kv.full_pages[:pages], pool.page_size, pool.full.k(0).device)
         for i, (k, v) in enumerate(payload.full):
             pool.full.k(i).index_copy_(0, idx, k.to(pool.full.k(i).device))
             pool.full.v(i).index_copy_(0, idx, v.to(pool.full.v(i).device))
     if pool.hybrid and payload.swa:
         window = [p for p in kv.swa_pages[payload.swa_first_page:pages] if p is not None]
         assert len(window) == pages - payload.swa_first_page, "SWA window pages missing"
-        idx = _page_slots(window, pool.page_size, pool.swa.k(0).device)
+        idx = page_slots(window, pool.page_size, pool.swa.k(0).device)
         for i, (k, v) in enumerate(payload.swa):
             pool.swa.k(i).index_copy_(0, idx, k.to(pool.swa.k(i).device))
             pool.swa.v(i).index_copy_(0, idx, v.to(pool.swa.v(i).device))

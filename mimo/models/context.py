@@ -3,6 +3,7 @@ batches per layer kind, and the attention backend. Built by the engine's runner,
 place that turns scheduled requests into tensors."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -15,3 +16,6 @@ class ForwardContext:
     kv: list[tuple[torch.Tensor, torch.Tensor]]   # per layer: (k_cache, v_cache)
     batches: dict[str, AttnBatch]                 # 'full' / 'swa'
     backend: AttentionBackend
+    # Called with i after decoder layer i has run (its KV written), on the forward's thread;
+    # the engine sets it only for steps whose KV it hands over layer by layer.
+    after_layer: Callable[[int], None] | None = None

@@ -156,9 +156,12 @@ class DecoderLM(nn.Module):
             if fused is not None and fused[i] is not None:
                 x = fused_decode.run(fused[i], x, tables[layer.kind], k_cache, v_cache,
                                      ctx.batches[layer.kind])
-                continue
-            run = layer if compiled is None else compiled[i]
-            x = run(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind], ctx.backend)
+            else:
+                run = layer if compiled is None else compiled[i]
+                x = run(x, tables[layer.kind], k_cache, v_cache, ctx.batches[layer.kind],
+                        ctx.backend)
+            if ctx.after_layer is not None:
+                ctx.after_layer(i)
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         return self.norm(x)

@@ -53,9 +53,12 @@ def test_same_tokens_and_transfer_figures_by_hand():
     assert same_tokens(a, a[:1]) == (False, [1])
     zero = {"transfers": 0, "failed": 0, "recomputed": 0, "import_recomputed": 0,
             "wire_bytes": 0, "kv_bytes": 0,
-            "full_kv_bytes": 0, "seconds": 0.0, "prefill_seconds": 0.0, "send_seconds": 0.0}
-    pre0 = {"sent": {**zero, "prefill_seconds": 1.0, "send_seconds": 0.5}}
-    pre1 = {"sent": {**zero, "prefill_seconds": 11.0, "send_seconds": 0.7}}
+            "full_kv_bytes": 0, "seconds": 0.0, "prefill_seconds": 0.0, "send_seconds": 0.0,
+            "send_tail_seconds": 0.0}
+    pre0 = {"sent": {**zero, "prefill_seconds": 1.0, "send_seconds": 0.5,
+                     "send_tail_seconds": 0.25}}
+    pre1 = {"sent": {**zero, "prefill_seconds": 11.0, "send_seconds": 0.7,
+                     "send_tail_seconds": 0.3}}
     dec0 = {"received": {**zero, "transfers": 1, "wire_bytes": 100, "full_kv_bytes": 400,
                          "seconds": 2.0}}
     dec1 = {"received": {**zero, "transfers": 4, "wire_bytes": 1100, "kv_bytes": 900,
@@ -64,6 +67,7 @@ def test_same_tokens_and_transfer_figures_by_hand():
     assert (t["transfers"], t["recomputed"], t["wire_bytes"]) == (3, 1, 1000)
     assert t["kv_bytes_ratio"] == 0.25                       # 1000 / 4000
     assert t["transfer_fraction"] == pytest.approx(0.02)     # 0.2 s sending / 10 s prefill
+    assert t["send_tail_s"] == pytest.approx(0.05)
     assert t["transfer_overhead_fraction"] == pytest.approx(0.25)   # (12.5 - 10) / 10
 
 

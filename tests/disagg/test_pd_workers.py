@@ -15,6 +15,8 @@ import pytest
 from helpers.api_server import ServerProcess
 from helpers.tcp_relay import CuttingRelay
 
+from mimo.disagg import wire
+
 PREFILL_HEADER = "x-mimo-prefill"
 
 
@@ -142,13 +144,23 @@ def test_prefill_endpoint_refuses_bad_bodies(tiny_mimo_dir):
     pre = ServerProcess(*_flags(tiny_mimo_dir, True, "--role", "prefill"))
     try:
         url = pre.url + "/v1/internal/prefill"
-        for body, status in [([1, 2], 400), ({"prompt_ids": []}, 400),
-                             ({"prompt_ids": [1, 2], "fingerprint": "x", "extra": 1}, 400),
-                             ({"prompt_ids": [1, 2], "fingerprint": "not-ours"}, 409),
-                             ({"prompt_ids": [10**9], "fingerprint": "x"}, 409)]:
+        v = wire.VERSION
+        for body, status, code in [
+                ([1, 2], 400, None), ({"prompt_ids": []}, 400, None),
+                ({"prompt_ids": [1, 2], "fingerprint": "x", "wire": v, "extra": 1}, 400, None),
+                ({"prompt_ids": [1, 2], "fingerprint": "not-ours", "wire": v}, 409,
+                 "kv_layout_mismatch"),
+                ({"prompt_ids": [10**9], "fingerprint": "x", "wire": v}, 409,
+                 "kv_layout_mismatch"),
+                # a decode worker of another wire format (or of none: before the field)
+                ({"prompt_ids": [1, 2], "fingerprint": "x"}, 409, "kv_wire_mismatch"),
+                ({"prompt_ids": [1, 2], "fingerprint": "x", "wire": v - 1}, 409,
+                 "kv_wire_mismatch")]:
             r = httpx.post(url, json=body, timeout=30)
             assert r.status_code == status, (body, r.text)
             assert "error" in r.json()
+            if code is not None:
+                assert r.json()["error"]["code"] == code, r.text
         assert httpx.get(pre.url + "/health").status_code == 200
         pre.assert_pools_idle()
     finally:

@@ -14,8 +14,10 @@ from helpers.tiny_models import (
 )
 
 from mimo import LLM, SamplingParams
+from mimo.engine.kv_export import KVExport
 from mimo.engine.snapshot import engine_stats
-from mimo.kvcache.kv_payload import full_kv_bytes, payload_shapes
+from mimo.kvcache.kv_frames import PayloadCollector
+from mimo.kvcache.kv_payload import KVPayload, full_kv_bytes, payload_shapes
 
 SEEDS = [0, 1] if os.environ.get("CI") else [0, 1, 2, 3]
 
@@ -42,13 +44,17 @@ def _run(eng):
 
 
 def _prefill(eng, ids):
-    """A prefill worker's half: greedy first token and the exported KV."""
+    """A prefill worker's half: greedy first token and the KV its frames carried (sent
+    layer by layer, chunk by chunk, as the pages became final)."""
     seq = eng.new_sequence(ids, SamplingParams(temperature=0, max_tokens=1))
-    seq.export_kv = True
+    pool = eng.pool
+    got = PayloadCollector(KVPayload.empty(pool.layout, len(ids), pool.page_size,
+                                           pool.full.k(0).dtype))
+    seq.kv_export = KVExport(got)
     eng.enqueue(seq)
     _run(eng)
-    assert seq.exported is not None and len(seq.output_ids) == 1
-    return seq.output_ids[0], seq.exported
+    assert got.complete and len(seq.output_ids) == 1
+    return seq.output_ids[0], got.payload
 
 
 def _decode(eng, ids, params, payload, first=None):
