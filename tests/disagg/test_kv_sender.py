@@ -20,6 +20,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import torch
 from helpers.tiny_models import loaded_from_hf, random_prompts, tiny_mimo_v2_flash_hf
 from starlette.requests import Request
@@ -35,9 +36,14 @@ P, CHUNK, N = 4, 16, 45
 STEPS = -(-N // CHUNK)          # 3
 
 
-def _llm(hf):
+CUDA = pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                     reason="no CUDA device"))
+
+
+def _llm(hf, device="cpu"):
     return LLM("tiny", loaded=loaded_from_hf(hf), dtype="float32", kv_cache_memory="2MiB",
-               page_size=P, max_num_batched_tokens=CHUNK, prefix_cache=False, progress=False)
+               page_size=P, max_num_batched_tokens=CHUNK, prefix_cache=False, progress=False,
+               device=device)
 
 
 class Wire:
@@ -120,9 +126,12 @@ async def _until(cond, what, timeout=60.0):
         await asyncio.sleep(0.005)
 
 
-def test_frames_are_written_while_the_prompt_is_computed():
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_frames_are_written_while_the_prompt_is_computed(device):
+    """(On CUDA the frames are pinned host buffers filled by asynchronous copies that the
+    sender waits for.)"""
     hf = tiny_mimo_v2_flash_hf(seed=4)
-    llm = _llm(hf)
+    llm = _llm(hf, device)
     types = ["full" if t == "full_attention" else "swa" for t in hf.config.layer_types]
     n_full = types.count("full")
     assert types[-1] == "swa" and n_full == 2      # the hold below is before layer 4
@@ -171,9 +180,9 @@ def test_frames_are_written_while_the_prompt_is_computed():
     got = asyncio.run(wire.decode(chunks(), h.endpoint.fingerprint,
                                   kv_layout(h.aeng), P, N))
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    ref = _llm(hf).generate({"prompt_token_ids": ids}, params)[0].token_ids
+    ref = _llm(hf, device).generate({"prompt_token_ids": ids}, params)[0].token_ids
     assert got.first_token == ref[0] and got.cached_tokens == 0
-    dec = _llm(hf).engine
+    dec = _llm(hf, device).engine
     seq = dec.new_sequence(ids, params)
     seq.append(got.first_token)
     dec.add_imported(seq, got.payload)

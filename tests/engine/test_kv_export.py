@@ -7,6 +7,7 @@ model's layers (torch's, not the engine's): the first frame leaves in the first 
 prompt's steps, long before its last layer is computed. That the frames carry the right
 KV is tests/engine/test_kv_transfer.py's (the decode engine's tokens equal one engine's)."""
 import pytest
+import torch
 from helpers.tiny_models import (
     loaded_from_hf,
     random_prompts,
@@ -16,6 +17,8 @@ from helpers.tiny_models import (
 
 from mimo import LLM, SamplingParams
 from mimo.engine.kv_export import KVExport
+from mimo.kvcache.kv_frames import PayloadCollector
+from mimo.kvcache.kv_payload import KVPayload
 
 P, CHUNK = 4, 16
 
@@ -116,3 +119,47 @@ def test_cached_pages_leave_with_the_first_chunk():
     assert t.step < -(-53 // CHUNK)
     for j in range(full_layers):
         assert sum(e[4] for e in frames if e[2] == j) == -(-53 // P)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_frames_are_pinned_copies_that_give_one_engines_tokens():
+    """On a CUDA pool each frame is a pinned host copy with the event its asynchronous copy
+    completes at; assembled (waiting on the events) and imported into another CUDA engine,
+    the greedy tokens equal a single CUDA engine's."""
+    hf = MODELS["mimo_v2_flash"]()
+    loaded = loaded_from_hf(hf)
+
+    def llm():
+        return LLM("tiny", loaded=loaded, dtype="float32", kv_cache_memory="2MiB",
+                   page_size=P, max_num_batched_tokens=CHUNK, progress=False, device="cuda")
+    eng = llm().engine
+    frames = []
+
+    class Keep:
+        def put(self, f):
+            frames.append(f)
+            return True
+    ids = random_prompts(3, [45], 250)[0]
+    seq = eng.new_sequence(ids, SamplingParams(temperature=0, max_tokens=1))
+    seq.kv_export = KVExport(Keep())
+    eng.enqueue(seq)
+    while eng.has_work():
+        eng.step()
+    eng.check_integrity()
+    assert frames and all(f.k.device.type == "cpu" and f.k.is_pinned() and f.v.is_pinned()
+                          and isinstance(f.ready, torch.cuda.Event) for f in frames)
+    pool = eng.pool
+    got = PayloadCollector(KVPayload.empty(pool.layout, 45, P, torch.float32))
+    for f in frames:
+        got.put(f)          # waits on each frame's event
+    assert got.complete
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    ref = llm().generate({"prompt_token_ids": ids}, params)[0].token_ids
+    dec = llm().engine
+    d = dec.new_sequence(ids, params)
+    d.append(seq.output_ids[0])
+    dec.add_imported(d, got.payload)
+    while dec.has_work():
+        dec.step()
+    assert d.output_ids == ref
+    dec.check_integrity()
