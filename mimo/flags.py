@@ -65,11 +65,10 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
                         "captured as CUDA graphs on CUDA (on CPU: the same padded step, "
                         "eager); needs --attention-backend triton; auto: on for CUDA with "
                         "triton unless the model's decode reads back to the host (MoE)")
-    g.add_argument("--fused-decode", default="off", choices=["auto", "off"],
+    g.add_argument("--fused-decode", default="auto", choices=["auto", "off"],
                    help="decode steps with gguf/q8_0 weights run each decoder layer as one "
                         "C++ call (auto: where the CPU kernels load and run the layer's "
-                        "shape; batched steps can still leave the reference's greedy tokens, "
-                        "so not yet the default); off: the plain PyTorch layers")
+                        "shape); off: the plain PyTorch layers")
 
 
 def _cache_flags(g: argparse._ArgumentGroup) -> None:

@@ -140,9 +140,8 @@ class RuntimeConfig:
     decode_graphs: str = "auto"
     # Decode steps with gguf or q8_0 weights run each decoder layer as one C++ call
     # (models/fused_decode.py): 'auto' (on where the CPU kernels load and the layer is of a
-    # shape they run) or 'off' (the plain PyTorch layers, the reference). Off by default
-    # until batched fused steps agree with the reference (docs/cpu_kernels.md).
-    fused_decode: str = "off"
+    # shape they run) or 'off' (the plain PyTorch layers, the reference).
+    fused_decode: str = "auto"
 
     def __post_init__(self):
         if self.dtype == "auto":
