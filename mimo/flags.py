@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import ATTENTION_BACKENDS, QUANTIZE, ConfigError, ServerConfig
+from .config import ATTENTION_BACKENDS, PREFILL_MATMULS, QUANTIZE, ConfigError, ServerConfig
 
 
 def _cpu_line() -> str:
@@ -46,6 +46,12 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
                         "bfloat16 only), none; auto: gguf for a GGUF model where the kernels "
                         "load, else int8 on CPU bfloat16. $MIMO_CPU_ISA=avx2|avx512-vnni|none "
                         "forces a kernel build")
+    g.add_argument("--prefill-matmul", default="auto", choices=list(PREFILL_MATMULS),
+                   help="weights of prefill-sized steps (over 16 rows) with gguf/q8_0 "
+                        "weights: dense (torch's GEMM on the dense copy), blocks (the blocks' "
+                        "int8 C++ GEMM); auto: blocks in bfloat16 where the AVX-512 VNNI "
+                        "kernels run and the CPU has no AMX (measured faster there), else "
+                        "dense; dense under --compile on")
     g.add_argument("--greedy-head", default="auto", choices=["auto", "exact", "int4"],
                    help="greedy argmax of the LM head: exact (of the int8 logits, proven by "
                         "an error bound) or int4 (an int4 copy scores, its best 64 are "
@@ -163,7 +169,7 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
                 attention_backend=a.attention_backend, decode_graphs=a.decode_graphs,
-                fused_decode=a.fused_decode,
+                fused_decode=a.fused_decode, prefill_matmul=a.prefill_matmul,
                 kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,

@@ -12,6 +12,7 @@ from .engine import EngineConfig, SpecConfig, TierConfig
 from .model import ModelConfig, VisionConfig
 from .runtime import (
     ATTENTION_BACKENDS,
+    PREFILL_MATMULS,
     QUANTIZE,
     RETENTION_POLICIES,
     CacheConfig,
@@ -20,7 +21,7 @@ from .runtime import (
 )
 from .server import ServerConfig, check_responses_store
 
-__all__ = ["ATTENTION_BACKENDS", "QUANTIZE", "RETENTION_POLICIES", "CacheConfig", "ConfigError",
-           "EngineConfig", "ModelConfig", "RuntimeConfig", "SchedulerConfig", "ServerConfig",
-           "SpecConfig", "TierConfig", "VisionConfig", "_from_dict", "check_responses_store",
-           "parse_size"]
+__all__ = ["ATTENTION_BACKENDS", "PREFILL_MATMULS", "QUANTIZE", "RETENTION_POLICIES",
+           "CacheConfig", "ConfigError", "EngineConfig", "ModelConfig", "RuntimeConfig",
+           "SchedulerConfig", "ServerConfig", "SpecConfig", "TierConfig", "VisionConfig",
+           "_from_dict", "check_responses_store", "parse_size"]

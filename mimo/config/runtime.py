@@ -93,6 +93,7 @@ class SchedulerConfig:
 
 
 QUANTIZE = ("auto", "none", "int8", "gguf", "q8_0")
+PREFILL_MATMULS = ("auto", "dense", "blocks")
 # Names only (configs are data): gpu/backends.py and kvcache/radix/retention.py hold what they mean.
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "cpu", "flashinfer")
 
@@ -112,7 +113,7 @@ class RuntimeConfig:
     # and on CPUs with native bf16 arithmetic, AVX-512-BF16 or AMX; float32 on the rest,
     # where a bf16 matmul runs several times slower than a float32 one)
     dtype: str = "auto"
-    # Weights of decode-sized steps (prefill always uses the dense weights):
+    # Weights of decode-sized steps (prefill: see prefill_matmul below):
     #   'gguf'  the GGUF file's own blocks through the C++ kernels (mimo/cpu);
     #   'q8_0'  Q8_0 blocks made from float weights, through the same kernels;
     #   'int8'  int8 per-row copies through torch's weight-only kernel (bfloat16 only);
@@ -142,6 +143,12 @@ class RuntimeConfig:
     # (models/fused_decode.py): 'auto' (on where the CPU kernels load and the layer is of a
     # shape they run) or 'off' (the plain PyTorch layers, the reference).
     fused_decode: str = "auto"
+    # Weights of prefill-sized steps (more than 16 rows) with gguf or q8_0 weights: 'dense'
+    # (torch's GEMM on the dense copy in `dtype`, the reference), 'blocks' (the blocks' C++
+    # int8 GEMM) or 'auto' (blocks in bfloat16 where the AVX-512 VNNI kernels run and the CPU
+    # has no AMX, as measured faster there; else dense, and dense under compile=on, whose
+    # graphs trace the dense GEMM: engine/prefill_matmul.py).
+    prefill_matmul: str = "auto"
 
     def __post_init__(self):
         if self.dtype == "auto":
@@ -170,6 +177,12 @@ class RuntimeConfig:
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")
         if self.fused_decode not in ("auto", "off"):
             raise ConfigError(f"fused_decode must be auto or off, not {self.fused_decode!r}")
+        if self.prefill_matmul not in PREFILL_MATMULS:
+            raise ConfigError(f"prefill_matmul must be one of {', '.join(PREFILL_MATMULS)}, "
+                              f"not {self.prefill_matmul!r}")
+        if self.prefill_matmul == "blocks" and self.compile == "on":
+            raise ConfigError("prefill_matmul=blocks runs a C++ GEMM that compiled layers "
+                              "(compile=on) do not trace: use one or the other")
 
     def weight_format(self, gguf_blocks: bool, kernels: bool) -> str:
         """The decode weights to use ('gguf', 'q8_0', 'int8' or 'none') for a model that

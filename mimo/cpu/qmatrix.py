@@ -84,8 +84,9 @@ class QuantMatrix:
         ext = extension.load()
         if ext is None:
             y = x2 @ self.dense().T
-        else:
-            y = ext.qlinear(x2, [p.data for p in self.parts], [p.qtype for p in self.parts])
+        else:     # more rows than a tile holds: the GEMM that decodes each tile once
+            f = ext.qlinear if x2.shape[0] <= 16 else ext.qgemm
+            y = f(x2, [p.data for p in self.parts], [p.qtype for p in self.parts])
         return y.reshape(*lead, self.shape[0])
 
     def select_rows(self, idx: torch.Tensor) -> QuantMatrix:

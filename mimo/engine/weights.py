@@ -11,6 +11,7 @@ from ..cpu import decode_ops, extension
 from ..cpu.features import cpu_info
 from ..models.quantized import QuantReport, quantize_q8_0, use_gguf_blocks
 from ..models.registry import LoadedModel
+from . import prefill_matmul
 
 log = logging.getLogger("mimo.engine")
 
@@ -21,6 +22,7 @@ class Weights:
     kernels: str                  # the CPU kernel build ('avx2', 'avx512-vnni') or 'torch'
     report: QuantReport | None    # what the block formats hold
     fused_layers: int = 0         # decoder layers whose decode steps run as one C++ call
+    prefill: str = "dense"        # prefill-sized steps' weights: 'dense' or 'blocks'
 
 
 def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
@@ -45,4 +47,5 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
     log.info("CPU %s; dtype %s, decode weights %s, kernels %s%s; fused decode layers: %d",
              cpu_info().summary(), rt.dtype, fmt, kernels,
              f": {report.summary()}" if report else "", fused)
-    return Weights(fmt, kernels, report, fused)
+    prefill = prefill_matmul.choose(model, rt, fmt, kernels).kind
+    return Weights(fmt, kernels, report, fused, prefill)

@@ -12,7 +12,8 @@ from ..cpu.qmatrix import QuantMatrix
 # for large M), so both copies are kept when int8 is on.
 INT8_MAX_ROWS = 8
 # Steps of at most this many rows use a Linear's GGUF blocks (`qweight`) through the C++
-# kernels; larger ones (prefill) use the dense weight, whose GEMM is faster there.
+# kernels; larger ones (prefill) use the dense weight unless `prefill_blocks` is set (chosen
+# at start-up where the blocks' GEMM measured faster: engine/prefill_matmul.py).
 QUANT_MAX_ROWS = 16
 
 
@@ -35,6 +36,7 @@ class Linear(nn.Module):
         self.w_int8: torch.Tensor | None = None
         self.w_scale: torch.Tensor | None = None
         self.qweight: QuantMatrix | None = None
+        self.prefill_blocks = False     # steps of more than QUANT_MAX_ROWS rows use qweight too
 
     def quantize_int8(self) -> None:
         w = self.weight.detach().float()
@@ -45,7 +47,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inputs come in the residual stream's float32 (DecoderLM) or the weights' dtype;
         # the product runs in the weights' dtype.
-        if self.qweight is not None and x.numel() // x.shape[-1] <= QUANT_MAX_ROWS:
+        if self.qweight is not None and (self.prefill_blocks
+                                         or x.numel() // x.shape[-1] <= QUANT_MAX_ROWS):
             return self.qweight.matmul(x).to(self.weight.dtype)
         x = x.to(self.weight.dtype)
         if self.w_int8 is not None and x.dtype == torch.bfloat16:

@@ -12,15 +12,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from gguf.constants import GGMLQuantizationType
-from gguf.quants import dequantize
+from helpers.qblocks import (
+    FP16_FIELDS,
+    assert_within_rounding_bound,
+    random_blocks,
+    ref_quantize,
+    ref_weights,
+)
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
 from mimo.cpu.qmatrix import BLOCKS, NAMES, QuantMatrix, QuantPart
-
-# byte offsets of each type's fp16 scale fields inside a block
-_FP16_FIELDS = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 12: [0, 2], 13: [0, 2], 14: [208]}
 
 BUILDS = [i for i in ISAS if cpu_info().supports(i)] + ["torch"]
 
@@ -37,41 +39,6 @@ def build(request, monkeypatch):
         assert mod.isa() == isa
         monkeypatch.setattr(extension, "load", lambda isa=None, m=mod: m)
     return isa
-
-
-def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) -> QuantPart:
-    elems, nbytes = BLOCKS[qtype]
-    nb = rows * cols // elems
-    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
-    for off in _FP16_FIELDS[qtype]:       # finite scales of a realistic size
-        raw[:, off:off + 2] = (rng.uniform(0.002, 0.05, nb).astype(np.float16)
-                               * rng.choice([-1, 1], nb).astype(np.float16)).view(np.uint8).reshape(nb, 2)
-    data = torch.from_numpy(raw.reshape(rows, cols // elems * nbytes).copy())
-    return QuantPart(data, qtype, cols)
-
-
-def ref_weights(part: QuantPart) -> np.ndarray:
-    return dequantize(part.data.numpy(), GGMLQuantizationType(part.qtype)).astype(np.float64)
-
-
-def ref_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """llama.cpp's q8 activation blocks of 32 (float32 arithmetic): (quants, scales)."""
-    b = x.astype(np.float32).reshape(x.shape[0], -1, 32)
-    am = np.abs(b).max(-1)
-    d = (am / np.float32(127)).astype(np.float32)
-    with np.errstate(divide="ignore"):
-        inv = np.where(am > 0, np.float32(127) / am, np.float32(0)).astype(np.float32)
-    q = np.rint(b * inv[..., None]).astype(np.float64)
-    return q, d.astype(np.float64)
-
-
-def assert_within_rounding_bound(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
-    """y against the unquantized float64 product: each activation moves by at most half its
-    block's scale when quantized, so |y - x w^T| <= sum over blocks of d/2 * sum |w|."""
-    _, d = ref_quantize(x)
-    bound = (np.abs(w).reshape(w.shape[0], -1, 32).sum(-1) @ (d / 2).T).T
-    err = np.abs(y - x.astype(np.float64) @ w.T)
-    assert np.all(err <= bound * 1.001 + 1e-4), f"outside the q8 rounding bound: {err.max()}"
 
 
 # Weight rows that fill no tile (16 rows on AVX-512, 8 on AVX2), and activation row counts
@@ -112,7 +79,7 @@ def test_extreme_quants_do_not_overflow(build, qtype, sign):
     part = random_blocks(qtype, 19, 512, rng)
     raw = part.data.numpy().reshape(-1, BLOCKS[qtype][1]).copy()
     fp16 = np.zeros(raw.shape[1], dtype=bool)
-    for off in _FP16_FIELDS[qtype]:
+    for off in FP16_FIELDS[qtype]:
         fp16[off:off + 2] = True
     raw[:, ~fp16] = 0x80 if qtype == 8 else 0xFF
     part = QuantPart(torch.from_numpy(raw.reshape(part.data.shape)), qtype, 512)

@@ -3,9 +3,10 @@ included, gets Q8_0 blocks, and greedy decoding equals transformers' on the same
 its linears' weights rounded to Q8_0 and back, and every input of a linear of the model
 (F.linear, experts included; MiMo's router excepted, which mimo keeps in float) rounded as
 llama.cpp quantizes activations (blocks of 32, scale amax / 127, round half to even), with
-the products then taken in float32 by torch. Prompts stay within one kernel step (at most
-QUANT_MAX_ROWS tokens), so every step of mimo runs the kernels. Compared up to the first step
-whose top-2 margin is below MARGIN."""
+the products then taken in float32 by torch. Prefill runs on the blocks too
+(prefill_matmul="blocks": the GEMM for prompts of more than QUANT_MAX_ROWS tokens), so every
+step of mimo runs the kernels. Compared up to the first step whose top-2 margin is below
+MARGIN."""
 import contextlib
 import copy
 
@@ -20,6 +21,7 @@ from mimo.models.quantized import q8_0_blocks, q8_0_values
 
 MARGIN = 1e-3      # the reference computes what mimo does, up to float32 summation order
 STEPS = 12
+LONG_STEPS = 4     # steps compared after a prompt of more than QUANT_MAX_ROWS tokens
 
 
 def _rounded(model):
@@ -74,19 +76,24 @@ def _reference(model, ids):
 def test_q8_0_greedy_matches_transformers(family):
     hf = (tiny_mimo_v2_flash_hf if family == "mimo_v2_flash" else tiny_gemma3_hf)(seed=3)
     llm = LLM("tiny", loaded=loaded_from_hf(hf), dtype="float32", quantize="q8_0",
-              kv_cache_memory="2MiB", page_size=4, progress=False)
+              prefill_matmul="blocks", kv_cache_memory="2MiB", page_size=4, progress=False)
     w = llm.engine.weights
     assert w.format == "q8_0" and w.report.dense == 0 and w.report.quantized > 0
     ref = _rounded(hf)
     vocab = hf.config.vocab_size
     gen = torch.Generator().manual_seed(5)
     compared = 0
-    for n in (3, 6, 9, 12, 15, QUANT_MAX_ROWS):
+    for n in (3, 6, 9, 12, 15, QUANT_MAX_ROWS, QUANT_MAX_ROWS + 1, 40):
         ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
         out = llm.generate({"prompt_token_ids": ids},
                            SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))[0]
         want, margins = _reference(ref, ids)
         k = next((i for i, m in enumerate(margins) if m < MARGIN), STEPS)
+        if n > QUANT_MAX_ROWS:
+            # a prompt on the prefill GEMM: its first tokens. Later steps of a long context
+            # can leave the reference above MARGIN on the decode kernels alone (a rounding
+            # boundary of an 8-bit activation crossed: seen with prefill in 16-row chunks too)
+            k = min(k, LONG_STEPS)
         assert out.token_ids[:k] == want[:k], (n, out.token_ids, want, k)
         compared += k
     assert compared >= 2 * STEPS, f"only {compared} decisive steps compared"

@@ -60,3 +60,23 @@ inline int offset(int t) {
 }
 
 }  // namespace mimo_q
+
+namespace mimo_q {
+
+// Activation rows [m0, m0 + rows) packed for the prefill GEMM.
+struct RowGroup {
+    Pack a;
+    int rows;
+    int64_t m0;
+};
+
+// Rows per group of the prefill GEMM in this build; 0 where it has none (AVX2).
+int gemm_rows();
+
+// out[m * ldo + n] = row n of W . activation row m, for n in [n0, n1) and the rows of the
+// groups g[0, ng): each 16-row weight tile decoded once for all of them (qgemm512.cpp);
+// false (nothing done) where the build or the type has no GEMM.
+bool gemm512(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1, int64_t K,
+             const RowGroup* g, int64_t ng, float* out, int64_t ldo);
+
+}  // namespace mimo_q

@@ -1,0 +1,109 @@
+"""The prefill GEMM (`qgemm`: more than 16 activation rows, each weight tile decoded once)
+against a plain float64 reference on random blocks of every supported GGML type, and against
+`qlinear`'s decode-sized products row by row, for each kernel build this CPU runs (the AVX2
+build, which has no GEMM of its own and answers with qlinear, too) and the fallback.
+
+Odd row counts (17 = 2 x 8 + 1, 33, 100, 257), weight rows that fill no 16-row tile, K up to
+2048 (whose packed activations are split into several chunks of rows) and few tiles with
+many rows (each tile's row groups split between threads) take every loop of the GEMM."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.qblocks import assert_within_rounding_bound, random_blocks, ref_quantize, ref_weights
+
+from mimo.cpu import extension
+from mimo.cpu.features import ISAS, cpu_info
+from mimo.cpu.qmatrix import BLOCKS, NAMES, QuantMatrix
+
+KERNEL_BUILDS = [i for i in ISAS if cpu_info().supports(i)]
+
+
+@pytest.fixture(params=KERNEL_BUILDS + ["torch"])
+def build(request, monkeypatch):
+    """(isa, module): each kernel build this CPU runs, and the fallback (module None)."""
+    isa = request.param
+    mod = None if isa == "torch" else extension.load(isa)
+    assert isa == "torch" or mod is not None, f"the {isa} build failed on a CPU that supports it"
+    monkeypatch.setattr(extension, "load", lambda isa=None, m=mod: m)
+    return isa, mod
+
+
+def _qlinear_by_rows(mod, x: torch.Tensor, parts) -> torch.Tensor:
+    """qlinear on 16 rows at a time: the decode tiles' products (one row each on AVX2's
+    256-bit path when a last chunk has one row)."""
+    ws, ts = [p.data for p in parts], [p.qtype for p in parts]
+    return torch.cat([mod.qlinear(x[i:i + 16].contiguous(), ws, ts) for i in range(0, len(x), 16)])
+
+
+def _check_rows(isa: str, y: torch.Tensor, by_rows: torch.Tensor) -> None:
+    if isa == "avx512-vnni":      # the same integer dots and float ops per row: bit for bit
+        assert torch.equal(y, by_rows), float((y - by_rows).abs().max())
+    else:                         # qlinear's 8-row tiles vs a last single row: float rounding
+        np.testing.assert_allclose(y.numpy(), by_rows.numpy(), rtol=1e-5,
+                                   atol=1e-5 * float(by_rows.abs().max()))
+
+
+# (type, weight rows, K, activation rows): N never a multiple of 16, every M odd but 100;
+# K = 2048 with 257 rows: the activations packed for the GEMM take three chunks of rows
+CASES = [(qt, n, k, m) for qt in BLOCKS
+         for n, k, m in zip((37, 21, 45, 5),
+                            (512, 2048, 768, 256) if BLOCKS[qt][0] == 256 else (640, 2048, 96, 160),
+                            (17, 257, 100, 33))]
+
+
+@pytest.mark.parametrize("qtype,n,k,m", CASES,
+                         ids=[f"{NAMES[c[0]]}-{c[1]}x{c[2]}-m{c[3]}" for c in CASES])
+def test_qgemm_matches_float64_and_qlinear(build, qtype, n, k, m):
+    isa, mod = build
+    rng = np.random.default_rng(qtype * 1000 + n + m)
+    part = random_blocks(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[m // 2, :32] = 0.0                                # an all-zero activation block
+    w = ref_weights(part)
+    y = QuantMatrix([part]).matmul(torch.from_numpy(x))   # > 16 rows: the GEMM
+    y64 = y.numpy().astype(np.float64)
+    assert_within_rounding_bound(y64, x, w)
+    if mod is None:
+        return
+    # the quantized activations' product in float64, to float32 rounding
+    q, d = ref_quantize(x)
+    qref = np.einsum("mbk,nbk,mb->mn", q, w.reshape(n, -1, 32), d)
+    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(w.reshape(n, -1, 32)), d)
+    np.testing.assert_array_less(np.abs(y64 - qref), 2e-6 * scale + 1e-6)
+    _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [part]))
+
+
+def test_mixed_parts_and_few_tiles(build):
+    """A fused projection of four types (one tile each or less: row groups split between
+    threads), then one Q5_0 part of 3 tiles at 257 rows."""
+    isa, mod = build
+    rng = np.random.default_rng(5)
+    parts = [random_blocks(6, 24, 512, rng), random_blocks(8, 8, 512, rng),
+             random_blocks(14, 3, 512, rng), random_blocks(12, 17, 512, rng)]
+    x = torch.from_numpy(rng.standard_normal((100, 512)).astype(np.float32))
+    y = QuantMatrix(parts).matmul(x)
+    each = torch.cat([QuantMatrix([p]).matmul(x) for p in parts], 1)
+    tol = 0 if mod is not None else 1e-5     # the fallback's dense GEMM blocks N its own way
+    torch.testing.assert_close(y, each, rtol=tol, atol=tol * float(each.abs().max()))
+    w = np.concatenate([ref_weights(p) for p in parts])
+    assert_within_rounding_bound(y.numpy().astype(np.float64), x.numpy(), w)
+    one = [random_blocks(6, 40, 640, rng)]
+    x1 = torch.from_numpy(rng.standard_normal((257, 640)).astype(np.float32))
+    if mod is not None:
+        _check_rows(isa, y, _qlinear_by_rows(mod, x, parts))
+        _check_rows(isa, QuantMatrix(one).matmul(x1), _qlinear_by_rows(mod, x1, one))
+
+
+@pytest.mark.parametrize("isa", KERNEL_BUILDS)
+def test_qgemm_checks_its_arguments(isa):
+    mod = extension.load(isa)
+    rng = np.random.default_rng(1)
+    part = random_blocks(8, 20, 64, rng)
+    with pytest.raises(RuntimeError, match="K=96"):
+        mod.qgemm(torch.zeros(40, 96), [part.data], [8])
+    with pytest.raises(RuntimeError, match="unsupported GGML type"):
+        mod.qgemm(torch.zeros(40, 64), [part.data], [9])
+    with pytest.raises(RuntimeError, match="contiguous float32"):
+        mod.qgemm(torch.zeros(40, 64, dtype=torch.float64), [part.data], [8])
