@@ -28,6 +28,7 @@ COMMANDS = [
     ".peers",            # peers: mimo vs vLLM CPU vs llama-server, as machine-limit fractions
     ".agree",           # agree: greedy tokens, mimo vs llama-server on the same GGUF (margin rule)
     ".kernels",          # kernels: the CPU kernels (GGUF blocks) against the memory read rate
+    ".prefill_gemm",     # prefill-gemm: prefill's products on the GGUF blocks vs the dense GEMM
     ".flash_shape",      # flash-shape: mimo vs transformers on a scaled MiMo-V2-Flash, decode and prefill
     ".agent",            # agent: multi-turn agent sessions with tool-call pauses, mimo vs llama-server
     ".pd_bytes",         # pd-bytes: KV bytes one prefill -> decode transfer moves vs full KV
