@@ -145,9 +145,8 @@ class RuntimeConfig:
     fused_decode: str = "auto"
     # Weights of prefill-sized steps (more than 16 rows) with gguf or q8_0 weights: 'dense'
     # (torch's GEMM on the dense copy in `dtype`, the reference), 'blocks' (the blocks' C++
-    # int8 GEMM) or 'auto' (blocks in bfloat16 where the AVX-512 VNNI kernels run and the CPU
-    # has no AMX, as measured faster there; else dense, and dense under compile=on, whose
-    # graphs trace the dense GEMM: engine/prefill_matmul.py).
+    # int8 GEMM; opt-in, and refused under compile=on, whose graphs trace the dense GEMM) or
+    # 'auto' (dense: engine/prefill_matmul.py says why).
     prefill_matmul: str = "auto"
 
     def __post_init__(self):

@@ -2,8 +2,9 @@
 once at start-up: the dense copy (torch's GEMM in the model dtype: oneDNN's bf16 on
 AVX-512-BF16) or the GGUF / Q8_0 blocks (the C++ GEMM that decodes each weight tile once per
 call, mimo/cpu/csrc/qgemm512.cpp). 'auto' follows a rule measured on this project's CPU
-(docs/cpu_kernels.md, "Prefill on the blocks"): the blocks where the dtype is bfloat16, the
-AVX-512 VNNI build runs and the CPU has no AMX (whose bf16 tiles oneDNN uses), else dense.
+(docs/cpu_kernels.md, "Prefill on the blocks"): dense. The blocks' GEMM is faster in bf16
+on the AVX-512 VNNI build without AMX, but 8-bit activations in prefill broke a chat
+model's answer (SmolLM2-135M-Instruct, the README's first chat), so it is opt-in.
 float32 keeps the dense GEMM: it is the dtype asked for reference numerics, and 8-bit
 activations in prefill moved a long prompt's greedy tokens off the float32 reference. A
 rule rather than timing both at start-up: on a shared machine such a timing flips from
@@ -20,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ConfigError, RuntimeConfig
-from ..cpu.features import cpu_info
 from ..models.layers import Linear
 
 log = logging.getLogger("mimo.engine")
@@ -79,16 +79,11 @@ def choose(model: nn.Module, rt: RuntimeConfig, fmt: str, kernels: str) -> Prefi
         pick = PrefillMatmul(rt.prefill_matmul, "forced")
     elif not lins:
         pick = PrefillMatmul("dense", f"no blocks ({fmt} weights)")
-    elif rt.use_compile:
-        pick = PrefillMatmul("dense", "compiled layers trace the dense GEMM")
-    elif rt.dtype != "bfloat16":
-        pick = PrefillMatmul("dense", f"{rt.dtype} keeps the dense GEMM's numerics")
-    elif kernels != "avx512-vnni":
-        pick = PrefillMatmul("dense", f"the {kernels} kernels have no prefill GEMM")
-    elif "amx_bf16" in cpu_info().flags:
-        pick = PrefillMatmul("dense", "AMX: oneDNN's bf16 tiles")
     else:
-        pick = PrefillMatmul("blocks", "the VNNI GEMM, measured faster than the dense one")
+        # The blocks' GEMM is faster in bf16 on the VNNI build (docs/cpu_kernels.md), but not
+        # the default: with 8-bit activations in prefill, SmolLM2-135M-Instruct answers the
+        # README's chat with nonsense, though its products equal qlinear's row by row.
+        pick = PrefillMatmul("dense", "8-bit prefill activations are opt-in (blocks)")
     for m in lins:
         m.prefill_blocks = pick.kind == "blocks"
     if lins:

@@ -4,7 +4,6 @@ rows going to its blocks exactly when the choice says so."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import pytest
 import torch
@@ -12,7 +11,6 @@ from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM
 from mimo.config import ConfigError, RuntimeConfig
-from mimo.cpu import features
 from mimo.cpu.qmatrix import QuantMatrix
 from mimo.engine import prefill_matmul
 from mimo.flags import add_engine_flags
@@ -63,23 +61,19 @@ def test_prefill_rows_go_where_the_choice_says(mode, monkeypatch):
     assert torch.allclose(y.double(), ref, rtol=0.05, atol=0.05 * float(ref.abs().max()))
 
 
-def test_auto_follows_the_measured_rule(monkeypatch):
-    """blocks in bfloat16 with the VNNI kernels on a CPU without AMX; dense in float32, with
-    the AVX2 kernels, on an AMX CPU, under compile=on, and without blocks."""
+def test_auto_is_dense_and_blocks_is_opt_in():
+    """auto keeps the dense GEMM everywhere (8-bit prefill activations broke a chat model's
+    answer: tests/test_first_chat.py), with or without blocks; blocks forced takes them."""
     llm = _llm(quantize="q8_0", prefill_matmul="dense")
-    model, rt = llm.engine.model, RuntimeConfig(dtype="bfloat16")
-    info = features.cpu_info()
-    no_amx = dataclasses.replace(info, flags=info.flags - {"amx_bf16"})
-    amx = dataclasses.replace(info, flags=info.flags | {"amx_bf16"})
-    monkeypatch.setattr(prefill_matmul, "cpu_info", lambda: no_amx)
-    assert prefill_matmul.choose(model, rt, "q8_0", "avx512-vnni").kind == "blocks"
-    assert prefill_matmul.choose(model, rt, "q8_0", "avx2").kind == "dense"
-    for other in (RuntimeConfig(dtype="bfloat16", compile="on"), RuntimeConfig(dtype="float32")):
-        assert prefill_matmul.choose(model, other, "q8_0", "avx512-vnni").kind == "dense"
-    monkeypatch.setattr(prefill_matmul, "cpu_info", lambda: amx)
-    assert prefill_matmul.choose(model, rt, "q8_0", "avx512-vnni").kind == "dense"
+    model = llm.engine.model
+    for rt in (RuntimeConfig(dtype="bfloat16"), RuntimeConfig(dtype="float32"),
+               RuntimeConfig(dtype="bfloat16", compile="on")):
+        for kernels in ("avx512-vnni", "avx2"):
+            assert prefill_matmul.choose(model, rt, "q8_0", kernels).kind == "dense"
+    forced = RuntimeConfig(dtype="bfloat16", prefill_matmul="blocks")
+    assert prefill_matmul.choose(model, forced, "q8_0", "avx512-vnni").kind == "blocks"
     dense_only = _llm(quantize="none").engine.model
-    assert prefill_matmul.choose(dense_only, rt, "none", "torch").kind == "dense"
+    assert prefill_matmul.choose(dense_only, RuntimeConfig(), "none", "torch").kind == "dense"
 
 
 def test_measure_times_both_ways():
