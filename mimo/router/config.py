@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between /health checks of each worker")
     p.add_argument("--retries", type=int, default=2,
                    help="other workers tried for a request whose worker failed before "
-                        "sending a byte (default 2)")
+                        "sending a byte, and to resume a deterministic stream (default 2)")
     p.add_argument("--fallback-pages", type=int, default=4,
                    help="leading prompt pages hashed to pick a worker while Redis is away")
     p.add_argument("--redis-timeout", type=float, default=0.5, metavar="SECONDS",

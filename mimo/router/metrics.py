@@ -13,6 +13,8 @@
   mimo_router_retries_total{worker}                    requests moved off the worker (it failed
       before sending a byte)
   mimo_router_stream_errors_total{worker}              streams under way that the worker broke
+  mimo_router_resumed_streams_total{worker}           broken deterministic streams that the
+      worker continued (resumed where the client was)
   mimo_router_decisions_total{how}                     score, fallback (Redis away), round-robin
   mimo_router_redis_errors_total{op}                   failed state reads and writes
   mimo_router_decision_seconds                         time to decide (tokenize, read, score)
@@ -48,6 +50,8 @@ class RouterMetrics:
                                w, registry=r)
         self.stream_errors = Counter("mimo_router_stream_errors",
                                      "Streams broken by their worker", w, registry=r)
+        self.resumed = Counter("mimo_router_resumed_streams",
+                               "Broken streams continued on the worker", w, registry=r)
         self.decisions = Counter("mimo_router_decisions", "Decisions", ["how"], registry=r)
         self.redis_errors = Counter("mimo_router_redis_errors", "Redis failures", ["op"],
                                     registry=r)

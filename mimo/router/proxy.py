@@ -6,9 +6,11 @@ holds the whole answer until it arrives), a streamed one until the worker's firs
 A Responses create goes to the worker that made its `previous_response_id` while it is
 healthy (the ids the replicas relayed: `Router.served_by`), else as any request; its own id is
 noted from the answer (or the stream's `response.created` event).
-Once a stream is under way, a worker failure ends it with one SSE error event in the shape
-the workers use (`{"error": {...}}`), and no [DONE]. Worker answers that are not 200 (a 400
-for a bad body, a 503 when it is full) are passed through as they are.
+Once a stream is under way, a deterministic completion or chat completion (resume.py says
+which) is re-issued to another worker and continued where the client is (`_resume`); any
+other stream, or one whose regenerated content differs or that finds no worker left, ends
+with one SSE error event in the shape the workers use (`{"error": {...}}`), and no [DONE].
+Worker answers that are not 200 (a 400 for a bad body, a 503 when it is full) are passed through as they are.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import httpx
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from .resume import Events, Mismatch, Replay, Track, resumable
 from .router import Decision, NoWorker, Router, session_of
 
 log = logging.getLogger("mimo.router")
@@ -108,7 +111,9 @@ class Forwarder:
                     first = await it.__anext__()
                 except StopAsyncIteration:
                     first = b""
-                relay = self._relay(d, done, it, first, kind == "responses")
+                again = (_Again(path, raw, headers, prompt, session, tried)
+                         if resumable(kind, body) else None)
+                relay = self._relay(d, done, it, first, kind == "responses", again)
                 done.streaming = True     # the stream's end finishes it from here
                 return StreamingResponse(relay, media_type="text/event-stream",
                                          headers=self._headers(d),
@@ -145,9 +150,11 @@ class Forwarder:
         if rid is not None:
             self.r.note_served(rid, d.url)
 
-    async def _relay(self, d: Decision, done: Done, it, first: bytes, responses: bool = False):
+    async def _relay(self, d: Decision, done: Done, it, first: bytes, responses: bool = False,
+                     again: _Again | None = None):
         cached = None
         status = 200
+        track, events = (Track(), Events()) if again is not None else (None, None)
         try:
             chunk = first
             while True:
@@ -157,7 +164,12 @@ class Forwarder:
                     if responses and b'"response.created"' in chunk:
                         self._note(d, _created_id(chunk))
                         responses = False
-                    yield chunk
+                    if track is None or events is None:
+                        yield chunk
+                    else:
+                        for ev in events.feed(chunk):   # whole events: a resume continues them
+                            track.note(ev)
+                            yield ev
                 chunk = await it.__anext__()
         except StopAsyncIteration:
             pass
@@ -166,10 +178,66 @@ class Forwarder:
             self.r.mark_down(d.url)
             self.r.metrics.stream_errors.labels(d.url).inc()
             log.warning("worker %s broke a stream under way: %r", d.url, e)
-            yield _sse_error(f"the worker serving this stream failed: {type(e).__name__}")
+            if again is None or track is None:
+                yield _sse_error(f"the worker serving this stream failed: {type(e).__name__}")
+            else:
+                self._account(d, status, cached)
+                status = 0
+                await done.finish()
+                async for ev in self._resume(again, track):
+                    yield ev
         finally:
-            self._account(d, status, cached)
+            if status:
+                self._account(d, status, cached)
             await done.finish()
+
+    async def _resume(self, a: _Again, track: Track):
+        """Re-issue a broken deterministic stream to other workers (the failed ones excluded)
+        and send on what the client lacks; one SSE error when none can."""
+        why = "no other worker could continue it"
+        for _ in range(self.r.cfg.retries + 1):
+            try:
+                d = await self.r.route(a.prompt, frozenset(a.tried), a.session, None)
+            except NoWorker:
+                break
+            a.tried.add(d.url)
+            done, status, replay = Done(self.r, d), 200, Replay(track)
+            try:
+                h = {**a.headers, PREFILL_HEADER: d.prefill} if d.prefill else a.headers
+                resp = await self.r.http.send(
+                    self.r.http.build_request("POST", d.url + a.path, content=a.raw, headers=h),
+                    stream=True)
+                done.resp = resp
+                if resp.status_code != 200:
+                    status = resp.status_code
+                    why = f"worker {d.url} answered {status}"
+                    break
+                async for chunk in resp.aiter_raw():
+                    for ev in replay.feed(chunk):
+                        yield ev
+                self.r.metrics.resumed.labels(d.url).inc()
+                log.info("stream resumed on worker %s", d.url)
+                return
+            except Mismatch as e:
+                status, why = 502, f"its regenerated content differs ({e})"
+                break
+            except (httpx.TransportError, httpx.StreamError) as e:
+                status = 502
+                log.warning("worker %s failed resuming a stream (%r)", d.url, e)
+                self.r.mark_down(d.url)
+                self.r.metrics.stream_errors.labels(d.url).inc()
+            finally:
+                self._account(d, status, None)
+                await done.finish()
+        yield _sse_error(f"the worker serving this stream failed and {why}")
+
+
+class _Again:
+    """What re-issuing a streamed request takes."""
+    def __init__(self, path: str, raw: bytes, headers: dict[str, str], prompt, session,
+                 tried: set[str]):
+        self.path, self.raw, self.headers = path, raw, headers
+        self.prompt, self.session, self.tried = prompt, session, tried
 
 
 class Done:

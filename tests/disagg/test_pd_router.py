@@ -58,9 +58,10 @@ class _PoolsAt(ServerProcess):
 
 def _kill_decode_mid_stream(url: str, model: str, decoders: dict):
     """Stream a long chat through the router, SIGKILL the decode worker serving it after its
-    first event; (that worker, the SSE data lines the client received)."""
+    first event; (that worker, the SSE data lines the client received). Sampled without a
+    seed, so the router does not resume it (test_pd_resume.py: greedy ones)."""
     body = {"model": model, "messages": [{"role": "user", "content": "a long one " * 20}],
-            "temperature": 0, "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            "temperature": 0.8, "max_tokens": 2000, "ignore_eos": True, "stream": True}
     events, victim = [], None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as r:
         assert r.status_code == 200

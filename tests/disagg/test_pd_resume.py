@@ -1,0 +1,149 @@
+"""A decode worker SIGKILLed after its first streamed bytes, behind the router, with real
+processes on 127.0.0.1 (tiny MiMo-V2-Flash, float32): a greedy stream is re-issued to the
+other decode worker and continued where the client was (the client's text is the single
+worker's greedy answer, one id throughout, one [DONE], no error); a sampled stream without
+a seed ends with one SSE error although a worker is up. The surviving pools end idle."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from helpers.api_server import ServerProcess
+
+from mimo.bench.router_process import RouterProcess, WorkerProcess
+
+PROMPT = [(5 * j) % 300 + 20 for j in range(200)]
+MAX_TOKENS = 120
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    from mimo.models.tiny import mimo_v2_flash
+    d = tmp_path_factory.mktemp("tiny_mimo_pd_resume")
+    mimo_v2_flash.write(d, seed=5)
+    return str(d)
+
+
+def _flags(model: str, *extra: str) -> list[str]:
+    return ["--model", model, "--dtype", "float32", "--quantize", "none", "--kv-cache-memory",
+            "64MiB", "--page-size", "16", "--threads", "1", "--metrics-public", *extra]
+
+
+class _PoolsAt(ServerProcess):
+    """The API tests' pool checks on a running worker's URL (no process of its own)."""
+    def __init__(self, url: str):
+        self.url = url
+
+
+def _idle(*workers) -> None:
+    for w in workers:
+        _PoolsAt(w.url).assert_pools_idle(timeout=10)
+
+
+def _wait_paired(router: str, model: str, prefill: str, decode: str) -> None:
+    """Until the router pairs `prefill` with `decode` (it saw both healthy)."""
+    body = {"kind": "completion", "body": {"model": model, "prompt": PROMPT}}
+    until = time.time() + 60
+    while time.time() < until:
+        d = httpx.post(router + "/router/decide", json=body, timeout=10).json()
+        if (d.get("worker"), d.get("prefill")) == (decode, prefill):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the router did not pair {prefill} with {decode}: {d}")
+
+
+def _body(model: str, chat: bool, **kw) -> dict:
+    b = {"model": model, "max_tokens": MAX_TOKENS, "ignore_eos": True, **kw}
+    if chat:
+        b["messages"] = [{"role": "user", "content": "tell me " * 40}]
+    else:
+        b["prompt"] = PROMPT
+    return b
+
+
+def _text(ev: dict) -> str:
+    ch = ev["choices"][0]
+    return ch["text"] if "text" in ch else (ch["delta"].get("content") or "")
+
+
+def _stream_killing(url: str, path: str, body: dict, workers: dict, after: int
+                    ) -> tuple[list[str], str]:
+    """Stream `body`; SIGKILL the serving worker once `after` content events arrived.
+    The raw data payloads and the serving worker's URL."""
+    out: list[str] = []
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=300) as r:
+        assert r.status_code == 200
+        served = r.headers["x-mimo-worker"]
+        seen = 0
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            out.append(line[6:])
+            if line[6:].startswith("{") and json.loads(line[6:]).get("choices"):
+                seen += 1
+                if seen == after:
+                    workers[served].kill()
+    return out, served
+
+
+def _resumed(router: str) -> float:
+    text = httpx.get(router + "/metrics", timeout=10).text
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("mimo_router_resumed_streams_total"))
+
+
+def test_greedy_stream_resumes_on_another_decode_worker(model):
+    ref = ServerProcess(*_flags(model))
+    try:
+        want = {chat: _whole(ref.url, model, chat) for chat in (False, True)}
+        assert min(len(v) for v in want.values()) > 20, want
+    finally:
+        ref.stop()
+    pre = WorkerProcess(_flags(model, "--role", "prefill"))
+    decs: list[WorkerProcess] = []
+    rt = None
+    try:
+        decs = [WorkerProcess(_flags(model, "--role", "decode")) for _ in range(3)]
+        workers = {w.url: w for w in decs}
+        rt = RouterProcess(["--model", model, "--health-interval", "0.3", "--prefill",
+                            pre.url, *(a for w in decs for a in ("--decode", w.url))])
+        for w in decs:
+            _wait_paired(rt.url, model, pre.url, w.url)
+        # Greedy completion, then greedy chat: each serving decode worker dies mid-stream.
+        for n, (chat, path) in enumerate([(False, "/v1/completions"),
+                                          (True, "/v1/chat/completions")], 1):
+            data, served = _stream_killing(rt.url, path, _body(model, chat, temperature=0),
+                                           workers, after=5)
+            assert served in workers and not workers.pop(served).alive()
+            assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+            assert not any('"error"' in x for x in data)
+            evs = [json.loads(x) for x in data[:-1]]
+            assert len({ev["id"] for ev in evs}) == 1
+            assert len({ev["created"] for ev in evs}) == 1
+            assert "".join(_text(ev) for ev in evs) == want[chat]
+            assert _resumed(rt.url) == n
+            _idle(pre, *workers.values())
+        # A sampled stream without a seed is not resumed: one SSE error, no [DONE], though
+        # the prefill worker is up (it would serve a new request whole).
+        (survivor,) = workers.values()
+        data, served = _stream_killing(rt.url, "/v1/chat/completions",
+                                       _body(model, True, temperature=1.0), workers, after=5)
+        assert served == survivor.url and not survivor.alive()
+        assert "[DONE]" not in data and sum('"error"' in x for x in data) == 1
+        assert json.loads(data[-1])["error"]["code"] == "worker_failed"
+        assert _resumed(rt.url) == 2
+        _idle(pre)
+    finally:
+        for p in (rt, *decs, pre):
+            if p is not None:
+                p.stop()
+
+
+def _whole(url: str, model: str, chat: bool) -> str:
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    r = httpx.post(url + path, json=_body(model, chat, temperature=0), timeout=300)
+    assert r.status_code == 200, r.text
+    ch = r.json()["choices"][0]
+    return ch["text"] if not chat else ch["message"]["content"]
