@@ -1,8 +1,9 @@
 """A decode worker SIGKILLed after its first streamed bytes, behind the router, with real
-processes on 127.0.0.1 (tiny MiMo-V2-Flash, float32): a greedy stream is re-issued to the
-other decode worker and continued where the client was (the client's text is the single
-worker's greedy answer, one id throughout, one [DONE], no error); a sampled stream without
-a seed ends with one SSE error although a worker is up. The surviving pools end idle."""
+processes on 127.0.0.1 (tiny MiMo-V2-Flash, float32): a greedy stream (completion, chat) or
+a seeded sampled one is re-issued to another decode worker and continued where the client
+was (its text is the single worker's answer, one id throughout, one [DONE], no error); a
+sampled stream without a seed ends with one SSE error although a worker is up. The
+surviving pools end idle."""
 from __future__ import annotations
 
 import json
@@ -98,6 +99,8 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
     ref = ServerProcess(*_flags(model))
     try:
         want = {chat: _whole(ref.url, model, chat) for chat in (False, True)}
+        seeded = _whole(ref.url, model, False, temperature=1.0, seed=7)
+        assert seeded != want[False]
         assert min(len(v) for v in want.values()) > 20, want
     finally:
         ref.stop()
@@ -105,24 +108,30 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
     decs: list[WorkerProcess] = []
     rt = None
     try:
-        decs = [WorkerProcess(_flags(model, "--role", "decode")) for _ in range(3)]
+        decs = [WorkerProcess(_flags(model, "--role", "decode")) for _ in range(4)]
         workers = {w.url: w for w in decs}
         rt = RouterProcess(["--model", model, "--health-interval", "0.3", "--prefill",
                             pre.url, *(a for w in decs for a in ("--decode", w.url))])
         for w in decs:
             _wait_paired(rt.url, model, pre.url, w.url)
-        # Greedy completion, then greedy chat: each serving decode worker dies mid-stream.
-        for n, (chat, path) in enumerate([(False, "/v1/completions"),
-                                          (True, "/v1/chat/completions")], 1):
-            data, served = _stream_killing(rt.url, path, _body(model, chat, temperature=0),
-                                           workers, after=5)
+        # Greedy completion, greedy chat, a seeded sampled completion: each serving decode
+        # worker dies mid-stream.
+        usage = {"stream_options": {"include_usage": True}}
+        cases = [("/v1/completions", _body(model, False, temperature=0, **usage), want[False]),
+                 ("/v1/chat/completions", _body(model, True, temperature=0), want[True]),
+                 ("/v1/completions", _body(model, False, temperature=1.0, seed=7), seeded)]
+        for n, (path, body, expect) in enumerate(cases, 1):
+            data, served = _stream_killing(rt.url, path, body, workers, after=5)
             assert served in workers and not workers.pop(served).alive()
             assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
             assert not any('"error"' in x for x in data)
             evs = [json.loads(x) for x in data[:-1]]
             assert len({ev["id"] for ev in evs}) == 1
             assert len({ev["created"] for ev in evs}) == 1
-            assert "".join(_text(ev) for ev in evs) == want[chat]
+            assert "".join(_text(ev) for ev in evs if ev["choices"]) == expect
+            if "stream_options" in body:        # one usage event, the new worker's, last
+                assert [ev["usage"]["completion_tokens"] for ev in evs
+                        if not ev["choices"]] == [MAX_TOKENS] and not evs[-1]["choices"]
             assert _resumed(rt.url) == n
             _idle(pre, *workers.values())
         # A sampled stream without a seed is not resumed: one SSE error, no [DONE], though
@@ -133,7 +142,7 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
         assert served == survivor.url and not survivor.alive()
         assert "[DONE]" not in data and sum('"error"' in x for x in data) == 1
         assert json.loads(data[-1])["error"]["code"] == "worker_failed"
-        assert _resumed(rt.url) == 2
+        assert _resumed(rt.url) == 3
         _idle(pre)
     finally:
         for p in (rt, *decs, pre):
@@ -141,9 +150,9 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
                 p.stop()
 
 
-def _whole(url: str, model: str, chat: bool) -> str:
+def _whole(url: str, model: str, chat: bool, **kw) -> str:
     path = "/v1/chat/completions" if chat else "/v1/completions"
-    r = httpx.post(url + path, json=_body(model, chat, temperature=0), timeout=300)
+    r = httpx.post(url + path, json=_body(model, chat, **{"temperature": 0, **kw}), timeout=300)
     assert r.status_code == 200, r.text
     ch = r.json()["choices"][0]
     return ch["text"] if not chat else ch["message"]["content"]
