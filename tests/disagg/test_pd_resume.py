@@ -2,8 +2,8 @@
 processes on 127.0.0.1 (tiny MiMo-V2-Flash, float32): a greedy stream (completion, chat) or
 a seeded sampled one is re-issued to another decode worker and continued where the client
 was (its text is the single worker's answer, one id throughout, one [DONE], no error); a
-sampled stream without a seed ends with one SSE error although a worker is up. The
-surviving pools end idle."""
+sampled stream without a seed ends with one SSE error although a worker is up, and so does
+a greedy one once no worker is left. The surviving pools end idle."""
 from __future__ import annotations
 
 import json
@@ -144,6 +144,15 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
         assert json.loads(data[-1])["error"]["code"] == "worker_failed"
         assert _resumed(rt.url) == 3
         _idle(pre)
+        # The prefill worker, the last one, serves a greedy stream whole and dies under it:
+        # no worker to resume on, one SSE error.
+        data, served = _stream_killing(rt.url, "/v1/completions",
+                                       _body(model, False, temperature=0), {pre.url: pre},
+                                       after=5)
+        assert served == pre.url and not pre.alive()
+        assert "[DONE]" not in data and sum('"error"' in x for x in data) == 1
+        assert "no other worker" in json.loads(data[-1])["error"]["message"]
+        assert _resumed(rt.url) == 3
     finally:
         for p in (rt, *decs, pre):
             if p is not None:
