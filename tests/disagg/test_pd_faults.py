@@ -16,6 +16,7 @@ import httpx
 import pytest
 from helpers.api_server import ServerProcess
 from helpers.fault_relay import FaultRelay
+from helpers.pd_procs import PoolsAt, pd_flags, write_tiny_mimo
 
 from mimo.bench.router_process import RouterProcess, WorkerProcess
 from mimo.bench.server_process import free_port
@@ -25,15 +26,10 @@ PREFILL_HEADER = "x-mimo-prefill"
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from mimo.models.tiny import mimo_v2_flash
-    d = tmp_path_factory.mktemp("tiny_mimo_pd_faults")
-    mimo_v2_flash.write(d, seed=5)
-    return str(d)
+    return write_tiny_mimo(tmp_path_factory, "tiny_mimo_pd_faults")
 
 
-def _flags(model: str, *extra: str) -> list[str]:
-    return ["--model", model, "--dtype", "float32", "--quantize", "none", "--kv-cache-memory",
-            "64MiB", "--page-size", "16", "--threads", "1", "--metrics-public", *extra]
+_flags = pd_flags
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +61,7 @@ def _received(w) -> dict:
     return httpx.get(w.url + "/v1/internal/kv_transfers", timeout=10).json()["received"]
 
 
-class _PoolsAt(ServerProcess):
-    """The API tests' pool checks on a running worker's URL (no process of its own)."""
-    def __init__(self, url: str):
-        self.url = url
+_PoolsAt = PoolsAt
 
 
 def _idle(*workers) -> None:

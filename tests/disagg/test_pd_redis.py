@@ -14,6 +14,7 @@ import time
 import httpx
 import pytest
 from helpers.api_server import ServerProcess
+from helpers.pd_procs import PoolsAt, pd_flags, write_tiny_mimo
 from helpers.redis_servers import RedisServer
 
 from mimo.bench.router_process import RouterProcess, WorkerProcess
@@ -24,21 +25,13 @@ MAX_TOKENS = 150
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    from mimo.models.tiny import mimo_v2_flash
-    d = tmp_path_factory.mktemp("tiny_mimo_pd_redis")
-    mimo_v2_flash.write(d, seed=5)
-    return str(d)
+    return write_tiny_mimo(tmp_path_factory, "tiny_mimo_pd_redis")
 
 
-def _flags(model: str, *extra: str) -> list[str]:
-    return ["--model", model, "--dtype", "float32", "--quantize", "none", "--kv-cache-memory",
-            "64MiB", "--page-size", "16", "--threads", "1", "--metrics-public", *extra]
+_flags = pd_flags
 
 
-class _PoolsAt(ServerProcess):
-    """The API tests' pool checks on a running worker's URL (no process of its own)."""
-    def __init__(self, url: str):
-        self.url = url
+_PoolsAt = PoolsAt
 
 
 def _ask(url: str, model: str, prompt, stream: bool) -> str:
