@@ -26,7 +26,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return p
 
 
-def _best(fn, reps: int, *args) -> float:
+def best_time(fn, reps: int, *args) -> float:
+    """Seconds of fn(*args): the best of `reps` runs after one warm-up."""
     fn(*args)
     best = float("inf")
     for _ in range(reps):
@@ -77,12 +78,12 @@ def run(args) -> int:
             qm = QuantMatrix([part])
             for m in rows:
                 x = torch.randn(m, part.cols)
-                t = _best(ext.qlinear, args.reps, x, [part.data], [part.qtype])
+                t = best_time(ext.qlinear, args.reps, x, [part.data], [part.qtype])
                 row = {"isa": isa, "weight": name, "rows": m, "ms": round(t * 1e3, 3),
                        "gbs": round(qm.nbytes / t / 1e9, 2),
                        "bandwidth_fraction": round(qm.nbytes / t / bw, 3)}
                 if name.startswith("head"):
-                    tk = _best(ext.qtopk, args.reps, x, part.data, part.qtype, 1)
+                    tk = best_time(ext.qtopk, args.reps, x, part.data, part.qtype, 1)
                     row["top1_ms"] = round(tk * 1e3, 3)
                     row["top1_bandwidth_fraction"] = round(qm.nbytes / tk / bw, 3)
                 results.append(row)
@@ -93,7 +94,7 @@ def run(args) -> int:
         w = dense.to(dtype)
         for m in rows:
             x = torch.randn(m, head.cols, dtype=dtype)
-            t = _best(torch.nn.functional.linear, args.reps, x, w)
+            t = best_time(torch.nn.functional.linear, args.reps, x, w)
             row = {"isa": f"torch {str(dtype)[6:]}", "weight": "head (dense)", "rows": m,
                    "ms": round(t * 1e3, 3), "gbs": round(w.numel() * w.element_size() / t / 1e9, 2)}
             results.append(row)

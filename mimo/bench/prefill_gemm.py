@@ -17,6 +17,8 @@ import json
 import sys
 import time
 
+from .kernels import best_time
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("prefill-gemm", help="prefill products: GGUF blocks GEMM vs dense GEMM")
@@ -29,13 +31,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def _best(fn, reps: int, *args) -> float:
-    fn(*args)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn(*args)
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
+    """Milliseconds: kernels.best_time's best of `reps` after a warm-up."""
+    return best_time(fn, reps, *args) * 1e3
 
 
 def _dense(x, w):
