@@ -122,8 +122,10 @@ def test_quick_run_reports_every_figure(tmp_path):
         s = out[arm]
         assert s["errors"] == 0 and s["requests"] == len(prompts) and s["pools_idle"]
         for part in (s, s["short"], s["long"]):
-            for metric in ("ttft", "itl"):
-                assert 0 < part[metric]["p50"] <= part[metric]["p90"]
+            assert 0 < part["ttft"]["p50"] <= part["ttft"]["p90"]
+            # Tokens that reach the client in one read have gaps of 0 (after rounding to
+            # 0.1 ms): a median of 0 is a measurement, not a missing one.
+            assert 0 <= part["itl"]["p50"] <= part["itl"]["p90"] and part["itl"]["p90"] > 0
     assert len(out["colocated"]["served_by"]) == 2 and len(out["pd"]["served_by"]) == 1
     assert png.stat().st_size > 10_000
 
