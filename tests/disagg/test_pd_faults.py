@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 
 import httpx
 import pytest
 from helpers.api_server import ServerProcess
 from helpers.fault_relay import FaultRelay
-from helpers.pd_procs import PoolsAt, pd_flags, write_tiny_mimo
+from helpers.pd_procs import assert_idle, pd_flags, wait_paired, write_tiny_mimo
 
 from mimo.bench.router_process import RouterProcess, WorkerProcess
 from mimo.bench.server_process import free_port
@@ -29,13 +28,12 @@ def model(tmp_path_factory):
     return write_tiny_mimo(tmp_path_factory, "tiny_mimo_pd_faults")
 
 
-_flags = pd_flags
 
 
 @pytest.fixture(scope="module")
 def reference(model):
     """A single worker with the same flags: the answers to match."""
-    w = ServerProcess(*_flags(model))
+    w = ServerProcess(*pd_flags(model))
     yield w
     w.stop()
 
@@ -61,12 +59,6 @@ def _received(w) -> dict:
     return httpx.get(w.url + "/v1/internal/kv_transfers", timeout=10).json()["received"]
 
 
-_PoolsAt = PoolsAt
-
-
-def _idle(*workers) -> None:
-    for w in workers:
-        _PoolsAt(w.url).assert_pools_idle(timeout=10)
 
 
 def _openai_error(r: httpx.Response, status: int, code: str) -> None:
@@ -81,11 +73,11 @@ def refs(reference, model):
 
 
 def test_transfer_path_faults_and_allowed_peers(model, refs):
-    pre = WorkerProcess(_flags(model, "--role", "prefill"))
+    pre = WorkerProcess(pd_flags(model, "--role", "prefill"))
     relay = FaultRelay(pre.port)
     dec = None
     try:
-        dec = WorkerProcess(_flags(model, "--role", "decode", "--kv-transfer-timeout", "3",
+        dec = WorkerProcess(pd_flags(model, "--role", "decode", "--kv-transfer-timeout", "3",
                                    "--prefill-peer", relay.url, "--prefill-peer", pre.url))
         # Allow-list: a URL not on it (loopback too, once a list is given) is refused before
         # anything is computed or fetched, in OpenAI's error shape.
@@ -113,7 +105,7 @@ def test_transfer_path_faults_and_allowed_peers(model, refs):
         # The path works again afterwards, through the relay.
         assert _answer(dec.url, model, PROMPTS[3], {PREFILL_HEADER: relay.url}) == refs[3]
         assert _received(dec)["transfers"] == 2
-        _idle(pre, dec)
+        assert_idle(pre, dec)
     finally:
         relay.stop()
         for w in (dec, pre):
@@ -142,13 +134,13 @@ class _Listener:
 
 
 def test_killed_workers_behind_the_router(model, refs):
-    pre = WorkerProcess(_flags(model, "--role", "prefill"))
+    pre = WorkerProcess(pd_flags(model, "--role", "prefill"))
     relay = FaultRelay(pre.port)
     d2_port = free_port()
     d1 = d2 = rt = None
     listener = _Listener()
     try:
-        d1 = WorkerProcess(_flags(model, "--role", "decode"))     # default: loopback peers
+        d1 = WorkerProcess(pd_flags(model, "--role", "decode"))     # default: loopback peers
         rt = RouterProcess(["--model", model, "--health-interval", "0.3", "--prefill",
                             relay.url, "--decode", d1.url, "--decode",
                             f"http://127.0.0.1:{d2_port}"])
@@ -165,11 +157,11 @@ def test_killed_workers_behind_the_router(model, refs):
         assert r.status_code == 200, r.text
         assert (r.json()["choices"][0]["text"], 12) == refs[1]
         assert r.headers["x-mimo-worker"] == relay.url
-        _idle(pre)
+        assert_idle(pre)
         # A second decode worker comes up; the prefill worker is SIGKILLed once it has the
         # request and before it answers: the decode worker recomputes.
-        d2 = WorkerProcess(_flags(model, "--role", "decode"), port=d2_port)
-        _wait_paired(rt.url, model, relay.url, d2.url)
+        d2 = WorkerProcess(pd_flags(model, "--role", "decode"), port=d2_port)
+        wait_paired(rt.url, model, relay.url, d2.url, PROMPTS[0])
         relay.arm("kill", on_fault=pre.kill)
         r = _post(rt.url, model, PROMPTS[2], stream=True)
         assert relay.fired.is_set() and not pre.alive()
@@ -178,7 +170,7 @@ def test_killed_workers_behind_the_router(model, refs):
         assert _received(d2)["recomputed"] == 1
         # With the prefill role gone, requests go whole to the decode worker.
         assert _answer(rt.url, model, PROMPTS[3]) == refs[3]
-        _idle(d2)
+        assert_idle(d2)
         # The last worker dies: one clean error, streamed or not.
         d2.kill()
         for stream in (False, True):
@@ -189,18 +181,6 @@ def test_killed_workers_behind_the_router(model, refs):
         for p in (rt, d2, d1, pre):
             if p is not None:
                 p.stop()
-
-
-def _wait_paired(router: str, model: str, prefill: str, decode: str) -> None:
-    """Until the router pairs `prefill` with `decode` (it saw both healthy)."""
-    body = {"kind": "completion", "body": {"model": model, "prompt": PROMPTS[0]}}
-    until = time.time() + 60
-    while time.time() < until:
-        d = httpx.post(router + "/router/decide", json=body, timeout=10).json()
-        if (d.get("worker"), d.get("prefill")) == (decode, prefill):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the router did not pair {prefill} with {decode}: {d}")
 
 
 def _events(r: httpx.Response) -> list[dict]:
@@ -217,7 +197,7 @@ def test_speculative_decoding_is_refused_with_a_pd_role(model):
 
     from mimo.bench.server_process import ROOT
     for role in ("prefill", "decode"):
-        p = subprocess.run([sys.executable, str(ROOT / "server.py"), *_flags(model),
+        p = subprocess.run([sys.executable, str(ROOT / "server.py"), *pd_flags(model),
                             "--role", role, "--speculative", "ngram", "--port", "0"],
                            capture_output=True, text=True, timeout=300)
         assert p.returncode != 0

@@ -28,10 +28,8 @@ def model(tmp_path_factory):
     return write_tiny_mimo(tmp_path_factory, "tiny_mimo_pd_redis")
 
 
-_flags = pd_flags
 
 
-_PoolsAt = PoolsAt
 
 
 def _ask(url: str, model: str, prompt, stream: bool) -> str:
@@ -66,7 +64,7 @@ def _wait_published(r: RedisServer, workers, timeout: float = 20.0) -> None:
 
 
 def test_redis_killed_mid_request_in_a_pd_deployment(model):
-    ref = ServerProcess(*_flags(model))
+    ref = ServerProcess(*pd_flags(model))
     try:
         want = [_ask(ref.url, model, p, False) for p in PROMPTS]
     finally:
@@ -75,8 +73,8 @@ def test_redis_killed_mid_request_in_a_pd_deployment(model):
     procs: list = []
     try:
         pd = ["--router-redis", r.url]
-        procs += [WorkerProcess(_flags(model, "--role", "prefill", *pd))]
-        procs += [WorkerProcess(_flags(model, "--role", "decode", *pd)) for _ in range(2)]
+        procs += [WorkerProcess(pd_flags(model, "--role", "prefill", *pd))]
+        procs += [WorkerProcess(pd_flags(model, "--role", "decode", *pd)) for _ in range(2)]
         pre, d1, d2 = procs
         _wait_published(r, procs)
         rt = RouterProcess(["--model", model, "--health-interval", "0.3", "--redis", r.url,
@@ -118,7 +116,7 @@ def test_redis_killed_mid_request_in_a_pd_deployment(model):
         assert _how(rt.url, model, PROMPTS[0]) == "pd/score"
         assert _ask(rt.url, model, PROMPTS[0], True) == want[0]
         for w in (pre, d1, d2):
-            _PoolsAt(w.url).assert_pools_idle(timeout=10)
+            PoolsAt(w.url).assert_pools_idle(timeout=10)
     finally:
         for p in reversed(procs):
             p.stop()

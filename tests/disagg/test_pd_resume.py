@@ -7,12 +7,11 @@ a greedy one once no worker is left. The surviving pools end idle."""
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
 from helpers.api_server import ServerProcess
-from helpers.pd_procs import PoolsAt, pd_flags, write_tiny_mimo
+from helpers.pd_procs import assert_idle, pd_flags, wait_paired, write_tiny_mimo
 
 from mimo.bench.router_process import RouterProcess, WorkerProcess
 
@@ -25,27 +24,8 @@ def model(tmp_path_factory):
     return write_tiny_mimo(tmp_path_factory, "tiny_mimo_pd_resume")
 
 
-_flags = pd_flags
 
 
-_PoolsAt = PoolsAt
-
-
-def _idle(*workers) -> None:
-    for w in workers:
-        _PoolsAt(w.url).assert_pools_idle(timeout=10)
-
-
-def _wait_paired(router: str, model: str, prefill: str, decode: str) -> None:
-    """Until the router pairs `prefill` with `decode` (it saw both healthy)."""
-    body = {"kind": "completion", "body": {"model": model, "prompt": PROMPT}}
-    until = time.time() + 60
-    while time.time() < until:
-        d = httpx.post(router + "/router/decide", json=body, timeout=10).json()
-        if (d.get("worker"), d.get("prefill")) == (decode, prefill):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"the router did not pair {prefill} with {decode}: {d}")
 
 
 def _body(model: str, chat: bool, **kw) -> dict:
@@ -89,7 +69,7 @@ def _resumed(router: str) -> float:
 
 
 def test_greedy_stream_resumes_on_another_decode_worker(model):
-    ref = ServerProcess(*_flags(model))
+    ref = ServerProcess(*pd_flags(model))
     try:
         want = {chat: _whole(ref.url, model, chat) for chat in (False, True)}
         seeded = _whole(ref.url, model, False, temperature=1.0, seed=7)
@@ -97,16 +77,16 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
         assert min(len(v) for v in want.values()) > 20, want
     finally:
         ref.stop()
-    pre = WorkerProcess(_flags(model, "--role", "prefill"))
+    pre = WorkerProcess(pd_flags(model, "--role", "prefill"))
     decs: list[WorkerProcess] = []
     rt = None
     try:
-        decs = [WorkerProcess(_flags(model, "--role", "decode")) for _ in range(4)]
+        decs = [WorkerProcess(pd_flags(model, "--role", "decode")) for _ in range(4)]
         workers = {w.url: w for w in decs}
         rt = RouterProcess(["--model", model, "--health-interval", "0.3", "--prefill",
                             pre.url, *(a for w in decs for a in ("--decode", w.url))])
         for w in decs:
-            _wait_paired(rt.url, model, pre.url, w.url)
+            wait_paired(rt.url, model, pre.url, w.url, PROMPT)
         # Greedy completion, greedy chat, a seeded sampled completion: each serving decode
         # worker dies mid-stream.
         usage = {"stream_options": {"include_usage": True}}
@@ -126,7 +106,7 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
                 assert [ev["usage"]["completion_tokens"] for ev in evs
                         if not ev["choices"]] == [MAX_TOKENS] and not evs[-1]["choices"]
             assert _resumed(rt.url) == n
-            _idle(pre, *workers.values())
+            assert_idle(pre, *workers.values())
         # A sampled stream without a seed is not resumed: one SSE error, no [DONE], though
         # the prefill worker is up (it would serve a new request whole).
         (survivor,) = workers.values()
@@ -136,7 +116,7 @@ def test_greedy_stream_resumes_on_another_decode_worker(model):
         assert "[DONE]" not in data and sum('"error"' in x for x in data) == 1
         assert json.loads(data[-1])["error"]["code"] == "worker_failed"
         assert _resumed(rt.url) == 3
-        _idle(pre)
+        assert_idle(pre)
         # The prefill worker, the last one, serves a greedy stream whole and dies under it:
         # no worker to resume on, one SSE error.
         data, served = _stream_killing(rt.url, "/v1/completions",

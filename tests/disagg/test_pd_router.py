@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 from helpers.api_server import ServerProcess
+from helpers.pd_procs import PoolsAt
 
 from mimo.bench.router_process import RouterProcess, WorkerProcess, start_all
 
@@ -49,11 +50,6 @@ def _chat(url: str, model: str, text: str, stream: bool, max_tokens: int = 16):
             usage = ev.usage
     return "".join(parts), usage, raw.headers
 
-
-class _PoolsAt(ServerProcess):
-    """The API tests' pool checks on a running worker's URL (no process of its own)."""
-    def __init__(self, url: str):
-        self.url = url
 
 
 def _kill_decode_mid_stream(url: str, model: str, decoders: dict):
@@ -122,13 +118,13 @@ def test_router_pairs_prefill_and_decode(tiny_mimo_dir):
         survivor = d2 if victim is d1 else d1
         got4, _, h4 = _chat(rt.url, model, text, stream=True)
         assert got4 == ref and h4["x-mimo-worker"] == survivor.url
-        _PoolsAt(pre.url).assert_pools_idle()
+        PoolsAt(pre.url).assert_pools_idle()
         # The prefill worker dies: the answer stays the same (recomputed on a decode worker,
         # or sent whole once the router sees it down).
         pre.kill()
         got3, usage3, _ = _chat(rt.url, model, text, stream=True)
         assert got3 == ref and usage3.completion_tokens == 16
-        _PoolsAt(survivor.url).assert_pools_idle()
+        PoolsAt(survivor.url).assert_pools_idle()
     finally:
         for p in (rt, ref_worker, *procs):
             if p is not None:

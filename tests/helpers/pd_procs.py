@@ -2,6 +2,10 @@
 workers' flags, and the pool checks on a running worker's URL."""
 from __future__ import annotations
 
+import time
+
+import httpx
+
 from helpers.api_server import ServerProcess
 
 
@@ -28,3 +32,15 @@ class PoolsAt(ServerProcess):
 def assert_idle(*workers) -> None:
     for w in workers:
         PoolsAt(w.url).assert_pools_idle(timeout=10)
+
+
+def wait_paired(router: str, model: str, prefill: str, decode: str, prompt) -> None:
+    """Until the router pairs `prefill` with `decode` for `prompt` (it saw both healthy)."""
+    body = {"kind": "completion", "body": {"model": model, "prompt": prompt}}
+    until = time.time() + 60
+    while time.time() < until:
+        d = httpx.post(router + "/router/decide", json=body, timeout=10).json()
+        if (d.get("worker"), d.get("prefill")) == (decode, prefill):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the router did not pair {prefill} with {decode}: {d}")
