@@ -68,10 +68,9 @@ def measure(lins: list[Linear], rows: int = CALIBRATION_ROWS) -> tuple[float, fl
     return sum(dense), sum(blocks)
 
 
-def choose(model: nn.Module, rt: RuntimeConfig, fmt: str, kernels: str) -> PrefillMatmul:
-    """Decide and apply (each block Linear's `prefill_blocks`): `fmt` the weight format,
-    `kernels` the CPU kernel build in use ('avx512-vnni', 'avx2' or 'torch'). 'blocks'
-    forced without blocks is refused."""
+def choose(model: nn.Module, rt: RuntimeConfig, fmt: str) -> PrefillMatmul:
+    """Decide and apply (each block Linear's `prefill_blocks`): `fmt` the weight format.
+    'blocks' forced without blocks is refused."""
     lins = _block_linears(model)
     if rt.prefill_matmul == "blocks" and not lins:
         raise ConfigError(f"prefill_matmul=blocks needs gguf or q8_0 weights; they are {fmt}")

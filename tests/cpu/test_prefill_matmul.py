@@ -68,12 +68,11 @@ def test_auto_is_dense_and_blocks_is_opt_in():
     model = llm.engine.model
     for rt in (RuntimeConfig(dtype="bfloat16"), RuntimeConfig(dtype="float32"),
                RuntimeConfig(dtype="bfloat16", compile="on")):
-        for kernels in ("avx512-vnni", "avx2"):
-            assert prefill_matmul.choose(model, rt, "q8_0", kernels).kind == "dense"
+        assert prefill_matmul.choose(model, rt, "q8_0").kind == "dense"
     forced = RuntimeConfig(dtype="bfloat16", prefill_matmul="blocks")
-    assert prefill_matmul.choose(model, forced, "q8_0", "avx512-vnni").kind == "blocks"
+    assert prefill_matmul.choose(model, forced, "q8_0").kind == "blocks"
     dense_only = _llm(quantize="none").engine.model
-    assert prefill_matmul.choose(dense_only, RuntimeConfig(), "none", "torch").kind == "dense"
+    assert prefill_matmul.choose(dense_only, RuntimeConfig(), "none").kind == "dense"
 
 
 def test_measure_times_both_ways():
