@@ -206,16 +206,15 @@ def _transformers_from_gguf(path: str):
         return AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
 
 
-def test_greedy_tokens_match_transformers(smol_loaded, smol_fp32):
-    """Greedy tokens equal transformers' greedy tokens up to the first step where the reference
-    itself calls a near-tie. Checked teacher-forced: one reference forward over prompt + our
-    tokens gives, while our tokens agree with its argmax, exactly the logits its own greedy
-    decode would see (one forward per prompt instead of one per token)."""
-    ref = _transformers_from_gguf(smol_loaded.source)
-    tok = smol_fp32.tokenizer
-    ids = [tok.encode(p) for p in _prompts()]
-    outs = smol_fp32.generate([{"prompt_token_ids": i} for i in ids],
-                              SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
+def _agreed_steps(llm, ref, margin: float) -> int:
+    """Greedy tokens of `llm` on the prompts, batched, against the reference's: equal up to
+    each prompt's first step with a top-2 margin below `margin`; the steps compared. Checked
+    teacher-forced: one reference forward over prompt + our tokens gives, while our tokens
+    agree with its argmax, exactly the logits its own greedy decode would see (one forward
+    per prompt instead of one per token)."""
+    ids = [llm.tokenizer.encode(p) for p in _prompts()]
+    outs = llm.generate([{"prompt_token_ids": i} for i in ids],
+                        SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
     compared = 0
     for i, (pid, out) in enumerate(zip(ids, outs)):
         assert len(out.token_ids) == STEPS
@@ -223,10 +222,17 @@ def test_greedy_tokens_match_transformers(smol_loaded, smol_fp32):
         top2 = torch.topk(logits, 2, dim=-1)
         want = top2.indices[:, 0].tolist()
         margins = (top2.values[:, 0] - top2.values[:, 1]).tolist()
-        n = next((k for k, m in enumerate(margins) if m < MARGIN), STEPS)
+        n = next((k for k, m in enumerate(margins) if m < margin), STEPS)
         assert out.token_ids[:n] == want[:n], (
             f"prompt {i}: ours {out.token_ids} vs transformers {want} (compared {n} steps)")
         compared += n
+    return compared
+
+
+def test_greedy_tokens_match_transformers(smol_loaded, smol_fp32):
+    """Greedy tokens equal transformers' greedy tokens up to the first step where the reference
+    itself calls a near-tie (MARGIN)."""
+    compared = _agreed_steps(smol_fp32, _transformers_from_gguf(smol_loaded.source), MARGIN)
     assert compared >= 2 * STEPS, f"only {compared} steps were decisive enough to compare"
 
 
@@ -237,20 +243,7 @@ def test_fused_layers_match_transformers_at_the_kernel_margin(smol_loaded):
     llm = LLM("smollm2-135m-instruct", progress=False, loaded=smol_loaded, dtype="float32",
               kv_cache_memory="64MiB")
     assert llm.engine.weights.fused_layers == len(llm.engine.model.layers)
-    ref = _transformers_from_gguf(smol_loaded.source)
-    ids = [llm.tokenizer.encode(p) for p in _prompts()]
-    outs = llm.generate([{"prompt_token_ids": i} for i in ids],
-                        SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True))
-    compared = 0
-    for i, (pid, out) in enumerate(zip(ids, outs)):
-        logits = _ref_logits(ref, pid + out.token_ids[:-1])[len(pid) - 1:]
-        top2 = torch.topk(logits, 2, dim=-1)
-        want = top2.indices[:, 0].tolist()
-        margins = (top2.values[:, 0] - top2.values[:, 1]).tolist()
-        n = next((k for k, m in enumerate(margins) if m < KERNEL_MARGIN), STEPS)
-        assert out.token_ids[:n] == want[:n], (
-            f"prompt {i}: ours {out.token_ids} vs transformers {want} (compared {n} steps)")
-        compared += n
+    compared = _agreed_steps(llm, _transformers_from_gguf(smol_loaded.source), KERNEL_MARGIN)
     assert compared >= 8, f"only {compared} steps were decisive enough to compare"
     llm.engine.check_integrity()
 
