@@ -31,6 +31,10 @@ class PrefillSpan:
     # (query rows, key columns) of each block, both relative to the span; every key a query
     # of the block may see lies in its columns (the visible keys of a query are contiguous).
     blocks: list[tuple[slice, slice]] | None = None
+    # The same visibility as numbers: query i sees keys j with j <= offset + i and, when
+    # window > 0, j > offset + i - window (kernels that take no mask read these).
+    offset: int = 0
+    window: int = 0
 
 
 def _query_blocks(start: int, n: int, lo: int, window: int | None) -> list[tuple[slice, slice]]:
@@ -85,7 +89,8 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             if window is not None:
                 m &= kpos[None, :] > qpos[:, None] - window
             prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device),
-                                        _query_blocks(start, n, lo, window)))
+                                        _query_blocks(start, n, lo, window), start - lo,
+                                        window or 0))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
     if skipped:
         batch.write_rows = torch.cat(wrows).to(device)
@@ -170,13 +175,18 @@ def _decode_attention(q, k, v, mask, scale, sinks):
 class TorchAttention(AttentionBackend):
     """Reference backend on any device: gather the keys of each sequence, then SDPA."""
 
-    def forward(self, q, k, v, k_cache, v_cache, batch, scale, sinks=None):
+    @staticmethod
+    def write(k, v, k_cache, v_cache, batch: AttnBatch) -> None:
+        """The step's new K/V into the caches (the `write_rows` of them, if set)."""
         if batch.write_rows is None:
             k_cache.index_copy_(0, batch.write_slots, k)
             v_cache.index_copy_(0, batch.write_slots, v)
         else:
             k_cache.index_copy_(0, batch.write_slots, k.index_select(0, batch.write_rows))
             v_cache.index_copy_(0, batch.write_slots, v.index_select(0, batch.write_rows))
+
+    def forward(self, q, k, v, k_cache, v_cache, batch, scale, sinks=None):
+        self.write(k, v, k_cache, v_cache, batch)
         if batch.all_decode:
             B, L = batch.decode_slots.shape
             flat = batch.decode_slots.reshape(-1)

@@ -127,13 +127,15 @@ def test_triton_runner_builds_paged_metadata(triton_device):
 def test_cpu_backend_choice(monkeypatch):
     import mimo.gpu.backends as backends
     assert resolve_backend("torch", "cpu") == "torch"
-    assert resolve_backend("auto", "cpu") == "torch"
-    assert type(make_backend("auto", "cpu")).__name__ == "TorchAttention"
-    # cpu: the C++ decode kernel, where the CPU kernels load; refused where they do not
+    # cpu (auto's choice on CPU): the C++ kernels, where they load; refused where they do not
+    assert resolve_backend("auto", "cpu") == "cpu"
+    assert type(make_backend("auto", "cpu")).__name__ == "CPUAttention"
     assert type(make_backend("cpu", "cpu")).__name__ == "CPUAttention"
     monkeypatch.setattr(backends, "_cpu_kernels", lambda: False)
     with pytest.raises(ValueError, match="did not build or load"):
         resolve_backend("cpu", "cpu")
+    assert resolve_backend("auto", "cpu") == "torch"
+    assert type(make_backend("auto", "cpu")).__name__ == "TorchAttention"
 
 
 def test_triton_backend_choice(monkeypatch, triton_device):
@@ -150,7 +152,7 @@ def test_triton_backend_choice(monkeypatch, triton_device):
     # auto picks triton on a CUDA device when triton imports, else torch.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_backend("auto", "cuda") == "triton"
-    assert resolve_backend("auto", "cpu") == "torch"
+    assert resolve_backend("auto", "cpu") in ("cpu", "torch")    # never triton on CPU
     monkeypatch.setattr(backends, "_triton_importable", lambda: False)
     assert resolve_backend("auto", "cuda") == "torch"
     with pytest.raises(ValueError, match="triton package does not import"):

@@ -1,5 +1,5 @@
 // The C++ interface of the kernels other sources of this extension call (qkernels.cpp,
-// attention.cpp, decode_attention.cpp): declarations only, the signatures those files
+// attention.cpp, decode_attention.cpp, prefill_attention.cpp): declarations only, the signatures those files
 // define and export.
 #pragma once
 #include <torch/extension.h>
@@ -21,3 +21,11 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                const torch::Tensor& v_cache, const torch::Tensor& slots,
                                const torch::Tensor& lens, double scale,
                                const torch::Tensor& sinks, bool round);
+
+// A prefill chunk q [n, Hq, D] bf16 over the span's keys (slots [L], query i sees keys
+// (offset + i - window, offset + i]; window 0: all up to it): float32 [n, Hq, Dv].
+torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                int64_t offset, int64_t window, double scale,
+                                const torch::Tensor& sinks);
+bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-BF16)

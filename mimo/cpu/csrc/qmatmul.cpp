@@ -11,6 +11,7 @@
 
 #include "qcommon.h"
 #include "qpack.h"
+#include "kernels.h"
 
 using namespace mimo_q;
 
@@ -286,5 +287,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("quantize_q8", &quantize_q8, "activations -> int8 blocks of 32 and their scales");
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over paged KV read in place (GQA, sinks)");
+    m.def("prefill_attention", &prefill_attention,
+          "a prefill chunk over paged KV with bf16 dot products (causal, window, GQA, sinks)",
+          py::call_guard<py::gil_scoped_release>());
+    m.def("prefill_attention_ok", &prefill_attention_ok,
+          "whether this build has prefill_attention and the CPU runs it");
     m.def("isa", &isa, "the instruction set this build was compiled for");
 }
