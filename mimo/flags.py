@@ -61,9 +61,10 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--attention-backend", default="auto",
                    choices=list(ATTENTION_BACKENDS),
                    help="attention kernels: torch (gather + SDPA, any device), triton (paged "
-                        "kernels, CUDA), cpu (torch with decode steps on mimo's C++ kernel), "
-                        "flashinfer (refused: not built in yet); auto: triton on a CUDA device "
-                        "when triton imports, else torch")
+                        "kernels, CUDA), cpu (mimo's C++ kernels: decode rows in place, prefill "
+                        "on a bf16 flash kernel with AVX512-BF16), flashinfer (refused: not "
+                        "built in yet); auto: triton on a CUDA device when triton imports, cpu "
+                        "on CPU when the kernels load, else torch")
     g.add_argument("--decode-graphs", default="auto", choices=["auto", "on", "off"],
                    help="run steps of plain decodes padded to fixed batch sizes (1, 2, 4, "
                         "then multiples of 8 up to --max-num-seqs) from static buffers, "
