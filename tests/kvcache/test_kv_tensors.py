@@ -21,3 +21,26 @@ def test_storage_is_zeroed_aligned_and_separate(dtype):
     kv.k[0][7] = 1.5                                # writes land in that layer's storage only
     assert torch.count_nonzero(kv.k[0]) == 4 * 192
     assert all(torch.count_nonzero(t) == 0 for t in tensors[1:])
+
+
+def _vm_flags(addr: int) -> set[str]:
+    """The VmFlags of the mapping that holds `addr` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head == "VmFlags:":
+                return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="Linux only")
+def test_large_storage_is_kept_off_huge_pages():
+    # numpy's large blocks ask for transparent huge pages; the pool asks for 4 KiB pages back,
+    # so a prefill's first writes do not each zero a 2 MiB page.
+    kv = KVTensors((LayerKV(1, 256, 256),), slots=16384, dtype=torch.bfloat16)   # 8 MiB
+    t = kv.k[0]
+    assert "nh" in _vm_flags(t.data_ptr() + t.numel() * t.element_size() // 2)
