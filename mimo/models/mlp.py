@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cpu import elementwise
 from .layers import Linear
 
 # HF `hidden_act` spellings -> the function; gelu_pytorch_tanh is Gemma's.
@@ -38,5 +39,9 @@ class GatedMLP(nn.Module):
         return mlp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        g, u = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(self.act(g) * u)
+        gu = self.gate_up(x)
+        m = elementwise.act_mul(gu, self.act_name)              # the C++ kernel on CPU
+        if m is None:
+            g, u = gu.chunk(2, dim=-1)
+            m = self.act(g) * u
+        return self.down(m)

@@ -1,4 +1,6 @@
 """KV storage starts zeroed, aligned and independent per layer, in every dtype the pools use."""
+import os
+
 import pytest
 import torch
 
@@ -37,7 +39,7 @@ def _vm_flags(addr: int) -> set[str]:
     raise AssertionError(f"no mapping holds {addr:#x}")
 
 
-@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/smaps"), reason="Linux only")
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="Linux only")
 def test_large_storage_is_kept_off_huge_pages():
     # numpy's large blocks ask for transparent huge pages; the pool asks for 4 KiB pages back,
     # so a prefill's first writes do not each zero a 2 MiB page.

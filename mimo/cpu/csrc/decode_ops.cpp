@@ -21,6 +21,7 @@
 
 namespace {
 
+using mimo_vec::act8;
 using mimo_vec::exp8;
 
 inline float bf16(float v) { return static_cast<float>(c10::BFloat16(v)); }
@@ -39,23 +40,6 @@ void rms_rows(const float* x, const float* scale, int64_t scale_rows, float* y, 
         float* yr = y + r * n;
         for (int64_t i = 0; i < n; ++i) yr[i] = rnd((xr[i] * inv) * w[i], round);
     }
-}
-
-// torch's gelu(approximate='tanh'), 0.5 x (1 + tanh(k)) with k = sqrt(2/pi) (x + 0.044715 x^3),
-// and silu, x / (1 + exp(-x)), in float32 in torch's order of operations (so where tanh(k)
-// rounds to -1, gelu is 0 here too), within a few ulp of torch's (Sleef) values: the
-// bfloat16 rounding after them almost never sees the difference.
-inline __m256 act8(__m256 x, bool gelu) {
-    const __m256 one = _mm256_set1_ps(1.f);
-    if (!gelu)
-        return _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
-    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    const __m256 k = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
-                                   _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
-    // tanh(k) = 1 - 2 / (exp(2k) + 1)
-    const __m256 e = exp8(_mm256_add_ps(k, k));
-    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
-    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t));
 }
 
 inline float act1(float x, bool gelu) {

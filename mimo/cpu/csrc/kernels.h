@@ -1,8 +1,9 @@
 // The C++ interface of the kernels other sources of this extension call (qkernels.cpp,
-// attention.cpp, decode_attention.cpp, prefill_attention.cpp): declarations only, the signatures those files
-// define and export.
+// attention.cpp, decode_attention.cpp, prefill_attention.cpp, elementwise.cpp): declarations
+// only, the signatures those files define and export.
 #pragma once
 #include <torch/extension.h>
+#include <string>
 #include <vector>
 
 // y [M, sum(N_i)] float32 = x [M, K] (contiguous float32) @ concat_i(W_i)^T, GGUF blocks.
@@ -29,3 +30,8 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
                                 int64_t offset, int64_t window, double scale,
                                 const torch::Tensor& sinks);
 bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-BF16)
+
+// x [R, n] (bf16 or f32) * rsqrt(mean(x^2) + eps) * scale[r % scale_rows], in x's dtype.
+torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& scale, double eps);
+// act(gate) * up of gu [T, 2I] in gu's dtype, each rounded to it as the plain layer rounds.
+torch::Tensor act_mul_rows(const torch::Tensor& gu, const std::string& act);

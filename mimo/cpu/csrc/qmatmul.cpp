@@ -292,5 +292,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::call_guard<py::gil_scoped_release>());
     m.def("prefill_attention_ok", &prefill_attention_ok,
           "whether this build has prefill_attention and the CPU runs it");
+    m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row in its dtype (bf16/f32)",
+          py::call_guard<py::gil_scoped_release>());
+    m.def("act_mul_rows", &act_mul_rows, "act(gate) * up of [T, 2I] in its dtype (bf16/f32)",
+          py::call_guard<py::gil_scoped_release>());
     m.def("isa", &isa, "the instruction set this build was compiled for");
 }

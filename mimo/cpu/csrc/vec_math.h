@@ -1,4 +1,5 @@
-// Vector math shared by the decode-layer sources (decode_ops.cpp, decode_attention.cpp);
+// Vector math shared by the decode-layer and elementwise sources (decode_ops.cpp,
+// decode_attention.cpp, elementwise.cpp);
 // AVX2 + FMA, which every build has.
 #pragma once
 #include <immintrin.h>
@@ -21,6 +22,23 @@ inline __m256 exp8(__m256 x) {
     const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
                                                          _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// torch's gelu(approximate='tanh'), 0.5 x (1 + tanh(k)) with k = sqrt(2/pi) (x + 0.044715 x^3),
+// and silu, x / (1 + exp(-x)), in float32 in torch's order of operations (so where tanh(k)
+// rounds to -1, gelu is 0 here too), within a few ulp of torch's (Sleef) values: the
+// bfloat16 rounding after them almost never sees the difference.
+inline __m256 act8(__m256 x, bool gelu) {
+    const __m256 one = _mm256_set1_ps(1.f);
+    if (!gelu)
+        return _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 k = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                   _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+    // tanh(k) = 1 - 2 / (exp(2k) + 1)
+    const __m256 e = exp8(_mm256_add_ps(k, k));
+    const __m256 t = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.f), _mm256_add_ps(e, one)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t));
 }
 
 }  // namespace mimo_vec
