@@ -7,6 +7,7 @@ on the server config's host and port, until interrupted or until the engine stop
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 
@@ -36,9 +37,19 @@ def serve(server: Server, log_level: str = "info") -> int:
     def on_fatal(err):
         asyncio.get_running_loop().call_later(FATAL_GRACE_S, setattr, uv, "should_exit", True)
     server.engine.on_fatal = on_fatal
+    freeze_startup_objects()
     log.info("serving %s on http://%s:%d", server.model_name, cfg.host, cfg.port)
     asyncio.run(uv.serve()) if loop == "asyncio" else uv.run()
     if server.engine.fatal is not None:
         print(f"error: the engine stopped: {server.engine.fatal!r}", file=sys.stderr)
         return 1
     return 0
+
+
+def freeze_startup_objects() -> None:
+    """Move what start-up made (the model, the tokenizer, the tables: ~190K objects for the
+    default model) out of the collector's reach: a full collection walks them all, 75 ms on
+    this machine, stalling whatever step it lands in. They live as long as the process, so
+    nothing is lost by not scanning them."""
+    gc.collect()
+    gc.freeze()
