@@ -46,10 +46,10 @@ class LLMEngine:
             torch.set_num_threads(rt.num_threads)
         t0 = time.perf_counter()
         backend = make_backend(rt.attention_backend, rt.device)   # refused before loading
-        loaded = loaded or registry.load(config.model, progress)
+        dtype = DTYPES[rt.dtype]
+        loaded = loaded or registry.load(config.model, progress, dtype)
         self.model_config = mc = loaded.config
         self.tokenizer = loaded.tokenizer
-        dtype = DTYPES[rt.dtype]
         self.model = registry.build_model(mc, loaded.weights, dtype).to(rt.device).eval()
         self.weights = prepare_weights(self.model, rt, loaded)
         fmt = self.weights.format

@@ -2,8 +2,7 @@
 
 `gguf.GGUFReader` builds Python objects for every array element of the metadata (the 262k-token
 vocabulary) and takes ~10 s on the default model; this reader takes well under a second.
-Dequantization itself uses the `gguf` package (and torch for Q8_0, the embedding's format,
-which is most of the bytes).
+Dequantization runs in torch, bit-identical to the `gguf` package (gguf_dequant.py).
 """
 from __future__ import annotations
 
@@ -15,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from . import gguf_dequant
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
@@ -70,24 +71,11 @@ class GGUFFile:
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return torch.from_numpy(data.copy()).view(int(np.prod(t.shape[:-1])), -1)
 
-    def dequantize(self, t: GGUFTensor) -> torch.Tensor:
-        """float32 tensor of `t.shape`."""
-        from gguf.constants import GGMLQuantizationType as Q
-        from gguf.quants import dequantize
+    def dequantize(self, t: GGUFTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """`dtype` tensor of `t.shape`: the `gguf` package's float32 values, cast as `.to`
+        casts (gguf_dequant.py)."""
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-        if t.qtype == Q.F32:
-            return torch.from_numpy(data.view(np.float32).reshape(t.shape).copy())
-        if t.qtype == Q.F16:
-            return torch.from_numpy(data.view(np.float16).reshape(t.shape).astype(np.float32))
-        if t.qtype == Q.Q8_0:
-            # 34-byte blocks: an fp16 scale, then 32 int8 values. torch is ~10x numpy here.
-            blocks = torch.from_numpy(data.copy()).view(-1, 34)
-            scale = blocks[:, :2].contiguous().view(torch.float16).float()
-            q = blocks[:, 2:].contiguous().view(torch.int8).float()
-            return (q * scale).reshape(t.shape)
-        row_bytes = t.nbytes // int(np.prod(t.shape[:-1]))
-        arr = dequantize(data.reshape(*t.shape[:-1], row_bytes), Q(t.qtype))
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(t.shape)
+        return gguf_dequant.dequantize(data, t.qtype, t.shape, dtype)
 
     def close(self) -> None:
         self._buf.close()

@@ -1,8 +1,8 @@
-"""GGUF file -> (HF-style config dict, HF-named float32 weights).
+"""GGUF file -> (HF-style config dict, HF-named weights).
 
-Quantized tensors are dequantized with the `gguf` package. The family named by the file's
-`general.architecture` supplies its tensor names, its metadata reader and whatever undoes
-llama.cpp's conventions (Gemma's norms stored as 1 + w, llama's permuted q/k rows), so every
+Quantized tensors are dequantized as the `gguf` package does (gguf_dequant.py). The family
+named by the file's `general.architecture` supplies its tensor names, its metadata reader and
+whatever undoes llama.cpp's conventions (Gemma's norms stored as 1 + w, llama's permuted q/k rows), so every
 loader yields HF conventions.
 """
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 
 from ..cpu.qmatrix import QuantPart, supported
-from . import families
+from . import families, gguf_dequant
 from .architecture import GGUFFormat
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFFile, GGUFTensor
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -50,40 +50,69 @@ def gguf_hf_config(f: GGUFFile) -> dict:
         raise ValueError(f"{f.path}: GGUF metadata lacks {e.args[0]}") from e
 
 
-def gguf_weights(f: GGUFFile, progress: bool = True) -> dict[str, torch.Tensor]:
+def gguf_weights(f: GGUFFile, progress: bool = True,
+                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """HF name -> weight. Matrices (2-D and up) come in `dtype`, the one the model is built
+    in (every family casts its matrices to it; dequantizing straight to it skips a float32
+    copy of each), unless the family's conversion to HF conventions changes their values:
+    those convert in float32, then cast. Vectors (norms, biases) stay float32."""
     arch, fmt = _format(f)
     out: dict[str, torch.Tensor] = {}
     bar = _progress(len(f.tensors), "loading weights", progress)
-    for t in f.tensors.values():
-        w = f.dequantize(t)
-        name = _hf_name(t.name, arch, fmt.names)
-        out[name] = w if fmt.to_hf is None else fmt.to_hf(t.name, w, f.metadata)
-        bar.update(1)
+    with gguf_dequant.one_thread():
+        for t in f.tensors.values():
+            out[_hf_name(t.name, arch, fmt.names)] = _weight(f, fmt, t, dtype)
+            bar.update(1)
     bar.close()
     return out
 
 
+def _weight(f: GGUFFile, fmt: GGUFFormat, t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
+    if len(t.shape) < 2:
+        return _to_hf(fmt, t, f.dequantize(t), f.metadata)
+    if _row_order(fmt, t, f.metadata) is not None:     # reordering rows is exact in any dtype
+        return _to_hf(fmt, t, f.dequantize(t, dtype), f.metadata)
+    return _to_hf(fmt, t, f.dequantize(t), f.metadata).to(dtype)
+
+
+def _to_hf(fmt: GGUFFormat, t: GGUFTensor, w: torch.Tensor, md: Mapping) -> torch.Tensor:
+    return w if fmt.to_hf is None else fmt.to_hf(t.name, w, md)
+
+
 def gguf_blocks(f: GGUFFile) -> dict[str, QuantPart]:
     """HF name -> the tensor's own quantized blocks, for every 2-D tensor of a type the CPU
-    kernels take. A family's conversion to HF conventions is probed on the row numbers: one
-    that reorders rows (llama's q/k permutation) reorders the block rows alike; one that
-    changes values leaves the tensor with its float copy only."""
+    kernels take. A family's conversion to HF conventions that reorders rows (llama's q/k
+    permutation) reorders the block rows alike; one that changes values leaves the tensor
+    with its float copy only."""
     arch, fmt = _format(f)
     out: dict[str, QuantPart] = {}
     for t in f.tensors.values():
         if not supported(t.qtype) or len(t.shape) != 2:
             continue
+        order = _row_order(fmt, t, f.metadata)
+        if order is None:
+            continue
         data = f.raw(t)
-        if fmt.to_hf is not None:
-            rows = torch.arange(t.shape[0], dtype=torch.float64)[:, None]
-            moved = fmt.to_hf(t.name, rows, f.metadata)
-            if moved is not rows:
-                order = moved.reshape(-1)
-                if moved.shape != rows.shape or not torch.equal(order.sort().values, rows[:, 0]):
-                    continue
-                data = data.index_select(0, order.long())
+        if not isinstance(order, bool):
+            data = data.index_select(0, order)
         out[_hf_name(t.name, arch, fmt.names)] = QuantPart(data, t.qtype, t.shape[1])
     return out
+
+
+def _row_order(fmt: GGUFFormat, t: GGUFTensor, md: Mapping) -> torch.Tensor | bool | None:
+    """What the family's conversion to HF conventions does to a 2-D tensor, probed on the
+    row numbers: True (nothing), the new row order (a permutation of rows), or None
+    (it changes values)."""
+    if fmt.to_hf is None:
+        return True
+    rows = torch.arange(t.shape[0], dtype=torch.float64)[:, None]
+    moved = fmt.to_hf(t.name, rows, md)
+    if moved is rows:
+        return True
+    order = moved.reshape(-1)
+    if moved.shape != rows.shape or not torch.equal(order.sort().values, rows[:, 0]):
+        return None
+    return order.long()
 
 
 def _hf_name(name: str, arch: str, names: Mapping[str, str]) -> str:

@@ -74,7 +74,9 @@ def resolve(name: str) -> Path:
                         f"({', '.join(sorted(BUILTIN))}) and no such file or directory")
 
 
-def load(name: str, progress: bool = True) -> LoadedModel:
+def load(name: str, progress: bool = True, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """`dtype`: the one the model will be built in; a GGUF's matrices are dequantized
+    straight to it (gguf_loader.gguf_weights). Hugging Face checkpoints load in float32."""
     from .tokenizer import Tokenizer
     path = resolve(name)
     if path.is_file():
@@ -83,7 +85,7 @@ def load(name: str, progress: bool = True) -> LoadedModel:
         try:
             cfg = model_config_from_hf(gguf_hf_config(f))
             tok = Tokenizer.from_gguf(f.metadata)
-            weights = gguf_weights(f, progress)
+            weights = gguf_weights(f, progress, dtype)
             blocks = gguf_blocks(f)
         finally:
             f.close()

@@ -1,0 +1,112 @@
+"""GGUF dequantization in torch (mimo/models/gguf_dequant.py) against the `gguf` package's
+numpy code, the reference it replaced: bit for bit in float32, and after the cast to the
+model's dtype; then whole files (Gemma 3's Q5_0/Q4_K/Q6_K/Q8_0, SmolLM2's Q4_1 with llama's
+q/k row permutation) and the model built from them."""
+import numpy as np
+import pytest
+import torch
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as package_dequantize
+
+from mimo.models import gguf_dequant, registry
+from mimo.models.gguf_dequant import DECODERS, dequantize
+from mimo.models.gguf_loader import _format, _hf_name, gguf_weights, open_gguf
+
+IQ4_NL = int(GGMLQuantizationType.IQ4_NL)       # no decoder here: the package's, then the cast
+TYPES = [0, *sorted(DECODERS), IQ4_NL]
+# byte offsets of each block type's fp16 scale fields
+FP16_FIELDS = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 10: [80, 82], 11: [108],
+               12: [0, 2], 13: [0, 2], 14: [208], IQ4_NL: [0]}
+INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _random_tensor(qtype: int, rows: int, rng: np.random.Generator) -> tuple[np.ndarray, tuple]:
+    """A tensor's bytes: random quants; scales finite, of both signs, zero and subnormal
+    ones among them (every block type); random finite values for the float types."""
+    elems, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    cols = elems * 3 if elems > 1 else 96
+    if qtype == 0:
+        return rng.standard_normal(rows * cols).astype(np.float32).view(np.uint8), (rows, cols)
+    if qtype == 1:
+        return rng.standard_normal(rows * cols).astype(np.float16).view(np.uint8), (rows, cols)
+    if qtype == 30:     # bf16: the top halves of random float32s
+        top = rng.standard_normal(rows * cols).astype(np.float32).view(np.uint32) >> 16
+        return top.astype(np.uint16).view(np.uint8), (rows, cols)
+    nb = rows * cols // elems
+    raw = rng.integers(0, 256, size=(nb, nbytes), dtype=np.uint8)
+    for off in FP16_FIELDS[qtype]:
+        scale = rng.uniform(-0.05, 0.05, nb).astype(np.float16)
+        scale[::7] = 0
+        scale[1::7] = np.float16(3e-7) * rng.choice([-1, 1], len(scale[1::7]))   # subnormal
+        raw[:, off:off + 2] = scale.view(np.uint8).reshape(nb, 2)
+    return raw.reshape(-1), (rows, cols)
+
+
+def _package(data: np.ndarray, qtype: int, shape: tuple) -> torch.Tensor:
+    arr = package_dequantize(data.reshape(shape[0], -1), GGMLQuantizationType(qtype))
+    return torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape)    # a copy
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        torch.equal(a.view(INT_VIEW[a.dtype]), b.view(INT_VIEW[b.dtype]))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda q: GGMLQuantizationType(q).name)
+def test_blocks_decode_bit_for_bit_as_the_package_does(qtype, monkeypatch):
+    # slices of a few blocks: many slices per tensor, the last one partial
+    monkeypatch.setattr(gguf_dequant, "SLICE", 3 * 256 + 64)
+    rng = np.random.default_rng(qtype)
+    data, shape = _random_tensor(qtype, 41, rng)
+    want = _package(data, qtype, shape)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        got = dequantize(data, qtype, shape, dtype)
+        assert _same_bits(got, want.to(dtype)), (GGMLQuantizationType(qtype).name, dtype)
+
+
+def test_a_tensor_of_the_wrong_size_is_refused():
+    data = np.zeros(34 * 3, dtype=np.uint8)
+    with pytest.raises(ValueError, match="not 128 elements"):
+        dequantize(data, 8, (4, 32))
+
+
+def test_one_thread_restores_the_thread_count():
+    n = torch.get_num_threads()
+    with gguf_dequant.one_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == n
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_file_weights_in_the_model_dtype_are_the_package_values_cast(model):
+    """Every tensor of the file: matrices in bfloat16, equal to the package's float32 values
+    (after the family's conversion to HF conventions) cast; vectors the float32 values."""
+    f = open_gguf(registry.resolve(model))
+    try:
+        ours = gguf_weights(f, progress=False, dtype=torch.bfloat16)
+        arch, fmt = _format(f)
+        assert len(ours) == len(f.tensors)
+        for t in f.tensors.values():
+            want = _package(np.frombuffer(f._buf, dtype=np.uint8, count=t.nbytes,
+                                          offset=t.offset), t.qtype, t.shape)
+            want = fmt.to_hf(t.name, want, f.metadata) if fmt.to_hf else want
+            got = ours[_hf_name(t.name, arch, fmt.names)]
+            assert _same_bits(got, want.to(torch.bfloat16) if want.dim() > 1 else want), t.name
+    finally:
+        f.close()
+
+
+def test_model_built_from_the_bf16_load_equals_the_one_built_from_float32(gemma_loaded):
+    """The engine's load (matrices straight to bfloat16) builds the same model, parameter for
+    parameter and buffer for buffer, as the float32 weights cast by the model did."""
+    cfg = gemma_loaded.config
+    old = registry.build_model(cfg, gemma_loaded.weights, torch.bfloat16)
+    f = open_gguf(gemma_loaded.source)
+    try:
+        new = registry.build_model(cfg, gguf_weights(f, False, torch.bfloat16), torch.bfloat16)
+    finally:
+        f.close()
+    a, b = old.state_dict(keep_vars=True), new.state_dict(keep_vars=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert _same_bits(a[k].detach(), b[k].detach()), k
