@@ -20,7 +20,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..gpu.attention import AttentionBackend, AttnBatch
-from .layers import Linear, RMSNorm, Rotary
+from .layers import Linear, RMSNorm, Rotary, stack_rows
 from .untraced import untraced
 
 # Spellings of the sink logits: transformers' in-memory one, then the hub checkpoint's.
@@ -36,7 +36,7 @@ class Attention(nn.Module):
         self.hq = cfg.num_heads
         self.hkv, self.d, self.dv = cfg.kv_shape(kind)
         names = [p + n for n in ("q_proj", "k_proj", "v_proj")]
-        self.qkv = Linear(torch.cat([w[n + ".weight"] for n in names]).to(dtype),
+        self.qkv = Linear(stack_rows([w[n + ".weight"] for n in names], dtype),
                           tuple(n + ".weight" for n in names))
         self.o = Linear(w[p + "o_proj.weight"].to(dtype), (p + "o_proj.weight",))
         # One bias row for the fused projection; checkpoints without biases get zeros.

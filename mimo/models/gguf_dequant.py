@@ -160,28 +160,31 @@ DECODERS: dict[int, tuple[int, int, Callable[[torch.Tensor], torch.Tensor]]] = {
 
 
 def dequantize(data: np.ndarray, qtype: int, shape: tuple[int, ...],
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               dtype: torch.dtype = torch.float32, out: torch.Tensor | None = None) -> torch.Tensor:
     """A tensor's bytes as stored (uint8, read-only is fine) -> `dtype` tensor of `shape`:
-    the `gguf` package's float32 values, cast as `.to(dtype)` casts."""
+    the `gguf` package's float32 values, cast as `.to(dtype)` casts. `out`: a contiguous
+    tensor of that shape and dtype to write them to (returned)."""
+    if out is None:
+        out = torch.empty(shape, dtype=dtype)
+    elif tuple(out.shape) != tuple(shape) or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {dtype} tensor of shape {shape}")
     if qtype == F32:
-        return torch.from_numpy(data.view(np.float32).reshape(shape).copy()).to(dtype)
+        return out.copy_(torch.from_numpy(data.view(np.float32).copy()).reshape(shape))
     if qtype not in DECODERS:
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize as reference
-        rows = int(np.prod(shape[:-1]))
-        arr = reference(data.reshape(rows, -1), GGMLQuantizationType(qtype))
-        return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(shape).to(dtype)
+        arr = reference(data.reshape(int(np.prod(shape[:-1])), -1), GGMLQuantizationType(qtype))
+        return out.copy_(torch.from_numpy(np.array(arr, dtype=np.float32)).reshape(shape))
     elems, nbytes, decode = DECODERS[qtype]
-    total = int(np.prod(shape))
-    if total % elems or data.size != total // elems * nbytes:
-        raise ValueError(f"{data.size} bytes are not {total} elements of GGML type {qtype}")
-    out = torch.empty(total, dtype=dtype)
+    flat = out.view(-1)
+    if flat.numel() % elems or data.size != flat.numel() // elems * nbytes:
+        raise ValueError(f"{data.size} bytes are not {flat.numel()} elements of GGML type {qtype}")
     step = max(1, SLICE // elems)           # blocks per slice
     blocks = data.reshape(-1, nbytes)
     for a in range(0, blocks.shape[0], step):
         raw = torch.from_numpy(blocks[a:a + step].copy())
-        out[a * elems:(a + len(raw)) * elems].copy_(decode(raw).reshape(-1))
-    return out.reshape(shape)
+        flat[a * elems:(a + len(raw)) * elems].copy_(decode(raw).reshape(-1))
+    return out
 
 
 @contextlib.contextmanager

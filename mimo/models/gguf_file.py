@@ -71,11 +71,12 @@ class GGUFFile:
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return torch.from_numpy(data.copy()).view(int(np.prod(t.shape[:-1])), -1)
 
-    def dequantize(self, t: GGUFTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """`dtype` tensor of `t.shape`: the `gguf` package's float32 values, cast as `.to`
-        casts (gguf_dequant.py)."""
+    def dequantize(self, t: GGUFTensor, dtype: torch.dtype = torch.float32,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
+        """`dtype` tensor of `t.shape` (written to `out` if given): the `gguf` package's
+        float32 values, cast as `.to` casts (gguf_dequant.py)."""
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-        return gguf_dequant.dequantize(data, t.qtype, t.shape, dtype)
+        return gguf_dequant.dequantize(data, t.qtype, t.shape, dtype, out)
 
     def close(self) -> None:
         self._buf.close()

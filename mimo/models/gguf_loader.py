@@ -18,6 +18,7 @@ from ..cpu.qmatrix import QuantPart, supported
 from . import families, gguf_dequant
 from .architecture import GGUFFormat
 from .gguf_file import GGUFFile, GGUFTensor
+from .layers import STACKED_ROWS
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -57,22 +58,49 @@ def gguf_weights(f: GGUFFile, progress: bool = True,
     copy of each), unless the family's conversion to HF conventions changes their values:
     those convert in float32, then cast. Vectors (norms, biases) stay float32."""
     arch, fmt = _format(f)
+    named = {_hf_name(t.name, arch, fmt.names): t for t in f.tensors.values()}
+    slots = _stacked_slots(named, dtype)
     out: dict[str, torch.Tensor] = {}
-    bar = _progress(len(f.tensors), "loading weights", progress)
+    bar = _progress(len(named), "loading weights", progress)
     with gguf_dequant.one_thread():
-        for t in f.tensors.values():
-            out[_hf_name(t.name, arch, fmt.names)] = _weight(f, fmt, t, dtype)
+        for name, t in named.items():
+            out[name] = _weight(f, fmt, t, dtype, slots.get(name))
             bar.update(1)
     bar.close()
     return out
 
 
-def _weight(f: GGUFFile, fmt: GGUFFormat, t: GGUFTensor, dtype: torch.dtype) -> torch.Tensor:
+def _stacked_slots(named: dict[str, GGUFTensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """HF name -> its rows in one buffer per group of layers.STACKED_ROWS, so that the
+    model's `stack_rows` of the group takes them without a copy."""
+    slots: dict[str, torch.Tensor] = {}
+    layers = {m.group(1) for m in map(re.compile(r"model\.layers\.(\d+)\.").match, named) if m}
+    for i in sorted(layers, key=int):
+        for group in STACKED_ROWS:
+            names = [f"model.layers.{i}.{g}.weight" for g in group]
+            if not all(n in named for n in names):
+                continue
+            ts = [named[n] for n in names]
+            if any(len(t.shape) != 2 or t.shape[1] != ts[0].shape[1] for t in ts):
+                continue
+            buf = torch.empty(sum(t.shape[0] for t in ts), ts[0].shape[1], dtype=dtype)
+            slots.update(zip(names, buf.split([t.shape[0] for t in ts])))
+    return slots
+
+
+def _weight(f: GGUFFile, fmt: GGUFFormat, t: GGUFTensor, dtype: torch.dtype,
+            slot: torch.Tensor | None) -> torch.Tensor:
+    """The tensor in HF conventions; matrices in `dtype`, written to `slot` if given."""
     if len(t.shape) < 2:
         return _to_hf(fmt, t, f.dequantize(t), f.metadata)
-    if _row_order(fmt, t, f.metadata) is not None:     # reordering rows is exact in any dtype
-        return _to_hf(fmt, t, f.dequantize(t, dtype), f.metadata)
-    return _to_hf(fmt, t, f.dequantize(t), f.metadata).to(dtype)
+    order = _row_order(fmt, t, f.metadata)
+    if order is True:
+        return f.dequantize(t, dtype, slot)
+    if order is not None:                   # reordering rows is exact in any dtype
+        w = _to_hf(fmt, t, f.dequantize(t, dtype), f.metadata)
+    else:
+        w = _to_hf(fmt, t, f.dequantize(t), f.metadata).to(dtype)
+    return w if slot is None else slot.copy_(w)
 
 
 def _to_hf(fmt: GGUFFormat, t: GGUFTensor, w: torch.Tensor, md: Mapping) -> torch.Tensor:

@@ -16,6 +16,24 @@ INT8_MAX_ROWS = 8
 # kernels; larger ones (prefill) use the dense weight unless `prefill_blocks` is set (chosen
 # at start-up where the blocks' GEMM measured faster: engine/prefill_matmul.py).
 QUANT_MAX_ROWS = 16
+# Checkpoint tensors (names under a layer's prefix) that the shared modules stack by rows into
+# one Linear: attention.py's q/k/v, mlp.py's gate/up. A loader that lays each group out as
+# consecutive rows of one buffer in the model's dtype (gguf_loader) spares `stack_rows` a copy.
+STACKED_ROWS = (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                ("mlp.gate_proj", "mlp.up_proj"))
+
+
+def stack_rows(parts: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """`torch.cat(parts).to(dtype)`; a view of their buffer instead when the parts already
+    are its consecutive rows, in `dtype` (the same values, no copy)."""
+    first, end = parts[0], parts[0].data_ptr()
+    base = first.untyped_storage().data_ptr()
+    for p in parts:
+        if p.dtype != dtype or p.dim() != 2 or not p.is_contiguous() or p.data_ptr() != end \
+                or p.shape[1] != first.shape[1] or p.untyped_storage().data_ptr() != base:
+            return torch.cat(parts).to(dtype)
+        end += p.numel() * p.element_size()
+    return first.as_strided((sum(p.shape[0] for p in parts), first.shape[1]), (first.shape[1], 1))
 
 
 def quantize_int8(module: nn.Module) -> None:
@@ -113,13 +131,13 @@ class Rotary(nn.Module):
         inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
         inv = inv / scaling
         freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        # sin with the rotate-half sign folded in: rot(x) * sin == flip_halves(x) * sin_signed
-        sin = emb.sin()
-        sin[:, : dim // 2] *= -1
         # Tables in the model dtype, as transformers casts cos/sin to the activations' dtype.
-        self.register_buffer("cos", emb.cos().to(dtype), persistent=False)
-        self.register_buffer("sin", sin.to(dtype), persistent=False)
+        # Both halves of a row hold the same angles: each is computed once (the values of
+        # sin/cos of the duplicated angles, at half the start-up cost).
+        sin, cos = freqs.sin().to(dtype), freqs.cos().to(dtype)
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
+        # sin with the rotate-half sign folded in: rot(x) * sin == flip_halves(x) * sin_signed
+        self.register_buffer("sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.cos.index_select(0, positions).unsqueeze(1),

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..cpu import elementwise
-from .layers import Linear
+from .layers import Linear, stack_rows
 
 # HF `hidden_act` spellings -> the function; gelu_pytorch_tanh is Gemma's.
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -32,7 +32,7 @@ class GatedMLP(nn.Module):
     def load(cls, w: dict, prefix: str, dtype: torch.dtype, act: str = "silu") -> GatedMLP:
         """From HF weights `{prefix}gate_proj`, `up_proj`, `down_proj` (e.g. `model.layers.3.mlp.`)."""
         p = prefix
-        mlp = cls(torch.cat([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]]).to(dtype),
+        mlp = cls(stack_rows([w[p + "gate_proj.weight"], w[p + "up_proj.weight"]], dtype),
                   w[p + "down_proj.weight"].to(dtype), act)
         mlp.gate_up.source = (p + "gate_proj.weight", p + "up_proj.weight")
         mlp.down.source = (p + "down_proj.weight",)

@@ -103,10 +103,33 @@ def test_model_built_from_the_bf16_load_equals_the_one_built_from_float32(gemma_
     old = registry.build_model(cfg, gemma_loaded.weights, torch.bfloat16)
     f = open_gguf(gemma_loaded.source)
     try:
-        new = registry.build_model(cfg, gguf_weights(f, False, torch.bfloat16), torch.bfloat16)
+        w = gguf_weights(f, False, torch.bfloat16)
     finally:
         f.close()
+    new = registry.build_model(cfg, w, torch.bfloat16)
     a, b = old.state_dict(keep_vars=True), new.state_dict(keep_vars=True)
     assert a.keys() == b.keys()
     for k in a:
         assert _same_bits(a[k].detach(), b[k].detach()), k
+    # the stacked projections took the loader's buffers as they were
+    for i, layer in enumerate(new.layers):
+        for lin, first in ((layer.attn.qkv, "self_attn.q_proj"), (layer.mlp.gate_up, "mlp.gate_proj")):
+            assert lin.weight.data_ptr() == w[f"model.layers.{i}.{first}.weight"].data_ptr()
+
+
+def test_stack_rows_is_cat_and_a_view_only_of_consecutive_rows():
+    from mimo.models.layers import stack_rows
+    buf = torch.randn(10, 4)
+    a, b, c = buf[:3], buf[3:5], buf[5:]
+    for parts, dtype, view in [([a, b, c], torch.float32, True),
+                               ([a, b], torch.float32, True),
+                               ([b, c], torch.float32, True),
+                               ([a, c], torch.float32, False),      # a gap
+                               ([b, a], torch.float32, False),      # out of order
+                               ([a, b, c], torch.bfloat16, False),  # another dtype: a cast
+                               ([a, buf[3:5].clone()], torch.float32, False),   # two buffers
+                               ([buf[:, :2], buf[:, 2:]], torch.float32, False)]:
+        got = stack_rows(parts, dtype)
+        assert _same_bits(got, torch.cat(parts).to(dtype))
+        assert (got.data_ptr() == parts[0].data_ptr() and got.untyped_storage().data_ptr()
+                == buf.untyped_storage().data_ptr()) == view
