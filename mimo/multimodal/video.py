@@ -20,12 +20,15 @@ import io
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
-import av
 import numpy as np
 
 from .errors import MediaDecodeError, MediaTooLarge
 from .sampling import frame_indices, smart_nframes
+
+if TYPE_CHECKING:
+    import av
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class DecodedVideo:
 
 
 def _open(data: bytes) -> av.container.InputContainer:
+    import av  # here, not at start-up: ~40 ms a text-only server never needs
     try:
         return av.open(io.BytesIO(data), mode="r")
     except (av.error.FFmpegError, ValueError, OSError) as e:
@@ -62,6 +66,7 @@ def _open(data: bytes) -> av.container.InputContainer:
 
 
 def _choose(container, stream: int | None):
+    import av
     videos = [s for s in container.streams.video
               if not (s.disposition & av.stream.Disposition.attached_pic)]
     if stream is not None:
@@ -133,6 +138,7 @@ def decode_chunk(data: bytes, info: VideoInfo, wanted: list[int], threads: int =
     Blocking; safe to run in several threads at once (one container each). `dest`: the
     [len(wanted), h, w, 3] slice of a caller's array to fill (readers of one video write
     their own slices in parallel, so no serial concatenation follows); returned filled."""
+    import av
     rate = Fraction(info.fps).limit_denominator(1_000_000)
     with _open(data) as c:
         s = c.streams[info.stream_index]

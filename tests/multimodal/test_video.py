@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import av
 import numpy as np
@@ -20,6 +22,13 @@ def decode(data, **kw):
         return asyncio.run(dec.decode(data, **kw))
     finally:
         dec.close()
+
+
+def test_the_server_starts_without_pyav():
+    """PyAV (~40 ms to import) is imported by the first video, not at the server's start."""
+    code = "import sys, mimo.api.app, mimo.multimodal.video; print('av' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 def sequential_reference(data: bytes, stream: int, indices) -> np.ndarray:
