@@ -35,6 +35,7 @@ class GGUFFile:
         self.path = str(path)
         with open(self.path, "rb") as f:
             self._buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self._data: tuple[int, torch.Tensor] | None = None     # (file offset, bytes): copy_data
         try:
             self.metadata, pos = _read_metadata(self._buf, self.path)
             self.tensors = self._read_tensor_table(pos)
@@ -66,10 +67,26 @@ class GGUFFile:
             out[name] = t
         return out
 
+    def copy_data(self) -> None:
+        """Copy every tensor's bytes out of the file at once. One numpy call, which releases
+        the GIL throughout: it can run on a thread beside work that holds the GIL (the
+        tokenizer's load). `raw` then returns views of this copy."""
+        if not self.tensors:
+            return
+        start = min(t.offset for t in self.tensors.values())
+        end = max(t.offset + t.nbytes for t in self.tensors.values())
+        data = np.frombuffer(self._buf, dtype=np.uint8, count=end - start, offset=start).copy()
+        self._data = (start, torch.from_numpy(data))
+
     def raw(self, t: GGUFTensor) -> torch.Tensor:
-        """The tensor's bytes as stored (a copy), uint8 [rows, bytes per row]."""
+        """The tensor's bytes as stored, uint8 [rows, bytes per row]: a view of
+        `copy_data`'s copy if it ran, else a copy of its own."""
+        rows = int(np.prod(t.shape[:-1]))
+        if self._data is not None:
+            start, copied = self._data
+            return copied[t.offset - start:t.offset - start + t.nbytes].view(rows, -1)
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-        return torch.from_numpy(data.copy()).view(int(np.prod(t.shape[:-1])), -1)
+        return torch.from_numpy(data.copy()).view(rows, -1)
 
     def dequantize(self, t: GGUFTensor, dtype: torch.dtype = torch.float32,
                    out: torch.Tensor | None = None) -> torch.Tensor:

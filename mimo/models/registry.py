@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -82,9 +83,14 @@ def load(name: str, progress: bool = True, dtype: torch.dtype = torch.float32) -
     if path.is_file():
         from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf
         f = open_gguf(path)
+        # The tensors' bytes (the blocks') are copied on a thread while the tokenizer loads:
+        # the tokenizer holds the GIL throughout its load, the copy (one numpy call) never.
         try:
-            cfg = model_config_from_hf(gguf_hf_config(f))
-            tok = Tokenizer.from_gguf(f.metadata)
+            with ThreadPoolExecutor(1, thread_name_prefix="mimo-load") as pool:
+                copied = pool.submit(f.copy_data)
+                cfg = model_config_from_hf(gguf_hf_config(f))
+                tok = Tokenizer.from_gguf(f.metadata)
+                copied.result()
             weights = gguf_weights(f, progress, dtype)
             blocks = gguf_blocks(f)
         finally:

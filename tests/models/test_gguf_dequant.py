@@ -10,7 +10,7 @@ from gguf.quants import dequantize as package_dequantize
 
 from mimo.models import gguf_dequant, registry
 from mimo.models.gguf_dequant import DECODERS, dequantize
-from mimo.models.gguf_loader import _format, _hf_name, gguf_weights, open_gguf
+from mimo.models.gguf_loader import _format, _hf_name, gguf_blocks, gguf_weights, open_gguf
 
 IQ4_NL = int(GGMLQuantizationType.IQ4_NL)       # no decoder here: the package's, then the cast
 TYPES = [0, *sorted(DECODERS), IQ4_NL]
@@ -94,6 +94,27 @@ def test_file_weights_in_the_model_dtype_are_the_package_values_cast(model):
             assert _same_bits(got, want.to(torch.bfloat16) if want.dim() > 1 else want), t.name
     finally:
         f.close()
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_file_blocks_decode_to_the_weights(model):
+    """gguf_blocks, from copies of their own and from views of copy_data's one copy (llama's
+    q/k rows permuted as the weights are): each tensor's blocks, decoded by the package,
+    are its float32 weights, and the views hold the same bytes as the copies."""
+    f = open_gguf(registry.resolve(model))
+    try:
+        weights, own = gguf_weights(f, progress=False), gguf_blocks(f)
+        f.copy_data()
+        views = gguf_blocks(f)
+    finally:
+        f.close()
+    assert len(own) > len(weights) // 3 and set(own) <= set(weights) and own.keys() == views.keys()
+    for name, part in own.items():
+        assert torch.equal(part.dequantize(), weights[name]), name
+        assert torch.equal(views[name].data, part.data) and views[name].qtype == part.qtype
+    stores = {p.data.untyped_storage().data_ptr() for n, p in views.items()
+              if not n.endswith(("q_proj.weight", "k_proj.weight"))}
+    assert len(stores) == 1         # one copy (llama's q/k rows are reordered copies)
 
 
 def test_model_built_from_the_bf16_load_equals_the_one_built_from_float32(gemma_loaded):
