@@ -7,6 +7,7 @@ loader yields HF conventions.
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 from collections.abc import Mapping
@@ -51,15 +52,17 @@ def gguf_hf_config(f: GGUFFile) -> dict:
         raise ValueError(f"{f.path}: GGUF metadata lacks {e.args[0]}") from e
 
 
-def gguf_weights(f: GGUFFile, progress: bool = True,
-                 dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def gguf_weights(f: GGUFFile, progress: bool = True, dtype: torch.dtype = torch.float32,
+                 slots: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """HF name -> weight. Matrices (2-D and up) come in `dtype`, the one the model is built
     in (every family casts its matrices to it; dequantizing straight to it skips a float32
     copy of each), unless the family's conversion to HF conventions changes their values:
-    those convert in float32, then cast. Vectors (norms, biases) stay float32."""
+    those convert in float32, then cast. Vectors (norms, biases) stay float32. The matrices
+    are written to `slots` (default: `weight_slots`')."""
     arch, fmt = _format(f)
     named = {_hf_name(t.name, arch, fmt.names): t for t in f.tensors.values()}
-    slots = _stacked_slots(named, dtype)
+    if slots is None:
+        slots = weight_slots(f, dtype)[1]
     out: dict[str, torch.Tensor] = {}
     bar = _progress(len(named), "loading weights", progress)
     with gguf_dequant.one_thread():
@@ -70,22 +73,39 @@ def gguf_weights(f: GGUFFile, progress: bool = True,
     return out
 
 
-def _stacked_slots(named: dict[str, GGUFTensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """HF name -> its rows in one buffer per group of layers.STACKED_ROWS, so that the
-    model's `stack_rows` of the group takes them without a copy."""
-    slots: dict[str, torch.Tensor] = {}
-    layers = {m.group(1) for m in map(re.compile(r"model\.layers\.(\d+)\.").match, named) if m}
-    for i in sorted(layers, key=int):
+def weight_slots(f: GGUFFile, dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One buffer for every matrix `gguf_weights` writes, and each one's view of it (HF name
+    -> view): the members of each group of layers.STACKED_ROWS adjacent and in order, so
+    that the model's `stack_rows` takes a group without a copy. One allocation, whose pages
+    a thread can touch ahead of the writes (registry.load)."""
+    arch, fmt = _format(f)
+    named = {_hf_name(t.name, arch, fmt.names): t for t in f.tensors.values()}
+    runs: list[list[str]] = []                 # names laid out together, in order
+    placed: set[str] = set()
+    for name, t in named.items():
+        if len(t.shape) < 2 or name in placed:
+            continue
+        run = [name]
+        m = re.match(r"(model\.layers\.\d+\.)(.+)\.weight$", name)
+        prefix, own = m.groups() if m else ("", "")
         for group in STACKED_ROWS:
-            names = [f"model.layers.{i}.{g}.weight" for g in group]
-            if not all(n in named for n in names):
-                continue
-            ts = [named[n] for n in names]
-            if any(len(t.shape) != 2 or t.shape[1] != ts[0].shape[1] for t in ts):
-                continue
-            buf = torch.empty(sum(t.shape[0] for t in ts), ts[0].shape[1], dtype=dtype)
-            slots.update(zip(names, buf.split([t.shape[0] for t in ts])))
-    return slots
+            members = [f"{prefix}{g}.weight" for g in group]
+            if own in group and all(n in named and len(named[n].shape) == 2
+                                    and named[n].shape[1] == t.shape[1] for n in members):
+                run = members
+        runs.append(run)
+        placed.update(run)
+    align = max(1, 64 // torch.empty(0, dtype=dtype).element_size())   # 64-byte starts
+    sizes = [sum(math.prod(named[n].shape) for n in run) for run in runs]
+    buf = torch.empty(sum(-(-k // align) * align for k in sizes), dtype=dtype)
+    slots, at = {}, 0
+    for run, k in zip(runs, sizes):
+        for n in run:
+            shape = named[n].shape
+            slots[n] = buf[at:at + math.prod(shape)].view(shape)
+            at += math.prod(shape)
+        at += -(-k // align) * align - k
+    return buf, slots
 
 
 def _weight(f: GGUFFile, fmt: GGUFFormat, t: GGUFTensor, dtype: torch.dtype,

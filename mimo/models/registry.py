@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..config import ModelConfig
@@ -108,17 +109,21 @@ def load(name: str, progress: bool = True, dtype: torch.dtype = torch.float32) -
 def _load(path: Path, progress: bool, dtype: torch.dtype) -> LoadedModel:
     from .tokenizer import Tokenizer
     if path.is_file():
-        from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf
+        from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf, weight_slots
         f = open_gguf(path)
-        # The tensors' bytes (the blocks') are copied on a thread while the tokenizer loads:
-        # the tokenizer holds the GIL throughout its load, the copy (one numpy call) never.
+        # While the tokenizer loads, holding the GIL throughout, two threads make one numpy
+        # call each, which never holds it: the tensors' bytes (the blocks') copied out of the
+        # file, and the pages of the dense weights' buffer touched (the faults taken there).
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="mimo-load") as pool:
+            with ThreadPoolExecutor(2, thread_name_prefix="mimo-load") as pool:
                 copied = pool.submit(f.copy_data)
+                buf, slots = weight_slots(f, dtype)
+                touched = pool.submit(np.copyto, buf.view(torch.uint8).numpy(), 0)
                 cfg = model_config_from_hf(gguf_hf_config(f))
                 tok = Tokenizer.from_gguf(f.metadata)
                 copied.result()
-            weights = gguf_weights(f, progress, dtype)
+                touched.result()
+            weights = gguf_weights(f, progress, dtype, slots)
             blocks = gguf_blocks(f)
         finally:
             f.close()

@@ -10,7 +10,15 @@ from gguf.quants import dequantize as package_dequantize
 
 from mimo.models import gguf_dequant, registry
 from mimo.models.gguf_dequant import DECODERS, dequantize
-from mimo.models.gguf_loader import _format, _hf_name, gguf_blocks, gguf_weights, open_gguf
+from mimo.models.gguf_loader import (
+    _format,
+    _hf_name,
+    gguf_blocks,
+    gguf_weights,
+    open_gguf,
+    weight_slots,
+)
+from mimo.models.layers import STACKED_ROWS
 
 IQ4_NL = int(GGMLQuantizationType.IQ4_NL)       # no decoder here: the package's, then the cast
 TYPES = [0, *sorted(DECODERS), IQ4_NL]
@@ -154,3 +162,53 @@ def test_stack_rows_is_cat_and_a_view_only_of_consecutive_rows():
         assert _same_bits(got, torch.cat(parts).to(dtype))
         assert (got.data_ptr() == parts[0].data_ptr() and got.untyped_storage().data_ptr()
                 == buf.untyped_storage().data_ptr()) == view
+
+
+@pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m-instruct"])
+def test_weight_slots_lay_every_matrix_out_once_in_one_buffer(model):
+    f = open_gguf(registry.resolve(model))
+    try:
+        arch, fmt = _format(f)
+        shapes = {_hf_name(t.name, arch, fmt.names): t.shape for t in f.tensors.values()}
+        buf, slots = weight_slots(f, torch.bfloat16)
+    finally:
+        f.close()
+    assert slots.keys() == {n for n, s in shapes.items() if len(s) >= 2}
+    spans = []
+    for n, v in slots.items():
+        assert v.shape == shapes[n] and v.dtype == torch.bfloat16 and v.is_contiguous()
+        assert v.untyped_storage().data_ptr() == buf.untyped_storage().data_ptr()
+        spans.append((v.data_ptr(), v.data_ptr() + v.nbytes, n))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "slots overlap"
+    starts = {n: p for p, _, n in spans}
+    groups = 0
+    for n in slots:
+        for group in STACKED_ROWS:
+            if n.endswith(f".{group[0]}.weight"):
+                prefix = n[: -len(f"{group[0]}.weight")]
+                members = [slots[f"{prefix}{g}.weight"] for g in group]
+                for a, b in zip(members, members[1:]):
+                    assert b.data_ptr() == a.data_ptr() + a.nbytes, n
+                groups += 1
+    assert groups == 2 * sum(n.endswith("self_attn.q_proj.weight") for n in slots)
+    # a run (a group, or a lone matrix) starts on 64 bytes
+    assert all(starts[n] % 64 == 0 for n in slots if not any(
+        n.endswith(f".{g}.weight") for group in STACKED_ROWS for g in group[1:]))
+
+
+def test_registry_load_gives_the_weights_gguf_weights_gives(gemma_loaded):
+    """The engine's load (blocks copied and the weights' pages touched on threads while the
+    tokenizer loads) holds the same weights and blocks as the plain functions."""
+    loaded = registry.load("gemma-3-270m", progress=False, dtype=torch.bfloat16)
+    f = open_gguf(loaded.source)
+    try:
+        weights, blocks = gguf_weights(f, False, torch.bfloat16), gguf_blocks(f)
+    finally:
+        f.close()
+    assert loaded.weights.keys() == weights.keys() and loaded.blocks.keys() == blocks.keys()
+    for k, w in weights.items():
+        assert _same_bits(loaded.weights[k], w), k
+    for k, b in blocks.items():
+        assert torch.equal(loaded.blocks[k].data, b.data), k
+    assert loaded.tokenizer.encode("Hello world") == gemma_loaded.tokenizer.encode("Hello world")
