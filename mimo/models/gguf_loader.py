@@ -11,6 +11,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import torch
@@ -63,14 +64,18 @@ def gguf_weights(f: GGUFFile, progress: bool = True, dtype: torch.dtype = torch.
     named = {_hf_name(t.name, arch, fmt.names): t for t in f.tensors.values()}
     if slots is None:
         slots = weight_slots(f, dtype)[1]
-    out: dict[str, torch.Tensor] = {}
     bar = _progress(len(named), "loading weights", progress)
-    with gguf_dequant.one_thread():
-        for name, t in named.items():
-            out[name] = _weight(f, fmt, t, dtype, slots.get(name))
+    # As many threads as torch has intra-op threads, each running its ops on one: the
+    # tensors, not each op's elements, spread over the cores (torch ops release the GIL).
+    n = torch.get_num_threads()
+    with gguf_dequant.one_thread(), ThreadPoolExecutor(n, thread_name_prefix="mimo-load") as pool:
+        futures = {pool.submit(_weight, f, fmt, t, dtype, slots.get(name)): name
+                   for name, t in named.items()}
+        for fut in as_completed(futures):
+            fut.result()                    # the first error, as soon as it happens
             bar.update(1)
     bar.close()
-    return out
+    return {name: fut.result() for fut, name in futures.items()}
 
 
 def weight_slots(f: GGUFFile, dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
