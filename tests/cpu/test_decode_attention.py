@@ -8,25 +8,12 @@ import math
 
 import pytest
 import torch
+from helpers.attention_reference import softmax_attention
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
 from mimo.gpu.attention import build_attn_batch
 from mimo.gpu.cpu_attention import CPUAttention
-
-
-def _reference(q, keys, vals, scale, sink=None):
-    """q [Hq, D], keys [L, Hkv, D], vals [L, Hkv, Dv] -> [Hq, Dv], in float64."""
-    Hq, Hkv = q.shape[0], keys.shape[1]
-    out = []
-    for h in range(Hq):
-        g = h // (Hq // Hkv)
-        s = (keys[:, g].double() @ q[h].double()) * scale
-        if sink is not None:
-            s = torch.cat([s, sink[h].double().view(1)])
-        p = torch.softmax(s, 0)[:keys.shape[0]]
-        out.append(p @ vals[:, g].double())
-    return torch.stack(out)
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
@@ -64,7 +51,7 @@ def test_decode_matches_brute_force(isa, dtype, sinks, window, dims):
         lo = 0 if window is None else max(0, n - window + 1)
         slots = owner[row][lo:n + 1]
         assert torch.equal(kc[owner[row][n]], k[row])        # the new K/V were written first
-        want = _reference(q[row], kc[slots], vc[slots], scale, sink)
+        want = softmax_attention(q[row], kc[slots], vc[slots], scale, sink)
         torch.testing.assert_close(out[row].double(), want, atol=tol, rtol=tol)
 
 

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers.attention_reference import softmax_attention
 
 from mimo.cpu import decode_ops
 from mimo.cpu.features import ISAS, cpu_info
@@ -221,19 +222,6 @@ def test_tiny_mimo_v2_flash_fuses_its_dense_layer_only(dtype):
         assert _agree(llm, engine("off"), prompts, 0.05) >= 8
 
 
-def _attention_reference(q, keys, vals, scale, sink):
-    """q [Hq, D], keys [L, Hkv, D], vals [L, Hkv, Dv] -> [Hq, Dv], float64 softmax."""
-    Hq, Hkv = q.shape[0], keys.shape[1]
-    out = []
-    for h in range(Hq):
-        g = h // (Hq // Hkv)
-        s = (keys[:, g].double() @ q[h].double()) * scale
-        if sink is not None:
-            s = torch.cat([s, sink[h].double().view(1)])
-        out.append(torch.softmax(s, 0)[:keys.shape[0]] @ vals[:, g].double())
-    return torch.stack(out)
-
-
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("dims,lens", [((4, 1, 256, 256), [300]), ((4, 1, 32, 32), [0, 7, 31, 90]),
@@ -261,7 +249,7 @@ def test_decode_attention_matches_float64(ops, cache_dtype, sinks, dims, lens):
         if n == 0 and sink is None:
             assert (got[b] == 0).all() and (rounded[b] == 0).all()
             continue
-        want = _attention_reference(q[b], kc[slots[b, :n]], vc[slots[b, :n]], scale, sink)
+        want = softmax_attention(q[b], kc[slots[b, :n]], vc[slots[b, :n]], scale, sink)
         torch.testing.assert_close(got[b].double(), want, rtol=1e-4, atol=1e-5)
         # weights rounded to bfloat16 (relative error 2^-9 each) before the values
         torch.testing.assert_close(rounded[b].double(), want, rtol=0, atol=2e-2)

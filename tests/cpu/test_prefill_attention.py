@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from helpers.attention_reference import softmax_attention
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
@@ -16,20 +17,6 @@ from mimo.gpu.attention import build_attn_batch
 from mimo.gpu.cpu_attention import CPUAttention
 
 BF16_KERNEL = "avx512_bf16" in cpu_info().flags
-
-
-def _reference(q, keys, vals, scale, sink=None):
-    """q [Hq, D], keys [L, Hkv, D], vals [L, Hkv, Dv] -> [Hq, Dv], in float64."""
-    Hq, Hkv = q.shape[0], keys.shape[1]
-    out = []
-    for h in range(Hq):
-        g = h // (Hq // Hkv)
-        s = (keys[:, g].double() @ q[h].double()) * scale
-        if sink is not None:
-            s = torch.cat([s, sink[h].double().view(1)])
-        p = torch.softmax(s, 0)[:keys.shape[0]]
-        out.append(p @ vals[:, g].double())
-    return torch.stack(out)
 
 
 # (row count n, start position, key floor, write_from): chunks of one step
@@ -73,7 +60,7 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS):
             lo = 0 if window is None else max(0, p - window + 1)
             lo = max(lo, min(floor, start))
             slots = owner[i][lo:p + 1]
-            want = _reference(q[seqs[i][0] + t], kc[slots], vc[slots], scale, sink)
+            want = softmax_attention(q[seqs[i][0] + t], kc[slots], vc[slots], scale, sink)
             torch.testing.assert_close(out[seqs[i][0] + t].double(), want, atol=2e-2, rtol=2e-2,
                                        msg=lambda m, i=i, t=t: f"span {i} query {t}: {m}")
     return attn
