@@ -17,9 +17,9 @@ _NO_SINKS = torch.empty(0)
 class CPUAttention(TorchAttention):
     def __init__(self, ext=None):
         self.ext = ext if ext is not None else extension.load()
-        # The prefill kernel is in the avx512-vnni build and needs AVX512-BF16 to run.
-        self.prefill_kernel = self.ext is not None and bool(
-            getattr(self.ext, "prefill_attention_ok", lambda: False)())
+        # The prefill kernel is in the avx512-vnni build and needs AVX512-BF16 to run (every
+        # build answers `prefill_attention_ok`; the AVX2 one says no).
+        self.prefill_kernel = self.ext is not None and bool(self.ext.prefill_attention_ok())
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttnBatch, scale, sinks=None):
         if self.ext is None or q.device.type != "cpu":
