@@ -7,9 +7,11 @@ where they build, so both sides compute with the same weights); llama-server is 
 the peers directory (the peers scripts) inside the loopback-only namespace --netns, and given
 mimo's token ids, so tokenization cannot differ. The margin is llama-server's logprob of its
 best token minus that of its second (`n_probs`: log-softmax of the raw logits, so the logit
-difference). One JSON line last.
+difference). Where a prompt's tokens part inside the compared steps, --exact (the default)
+asks float32 math on the same weights (agree_exact) which token is right there, and asks
+llama-server again with the same history sent as one prompt. One JSON line last.
 
-    python -m mimo.bench agree [--peers-dir /work/peers] [--steps 24] [--margin 0.1]
+    python -m mimo.bench agree [--peers-dir /work/peers] [--steps 24] [--margin 0.1] [--no-exact]
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from .agree_exact import ExactReference, Parting, first_parting
 from .peer_servers import RunningServer, peer_spec
 from .server_process import free_port
 
@@ -34,6 +37,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--margin", type=float, default=0.1)
     p.add_argument("--mimo-args", default="", help="LLM keywords as k=v,k=v (e.g. dtype=float32)")
+    p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                   help="judge each parting by float32 math on the same weights (transformers)")
     return p
 
 
@@ -71,6 +76,7 @@ def run(args) -> int:
         from .peers import enter_netns
         enter_netns(args.netns, NAME)
     from mimo import LLM, SamplingParams
+    from mimo.models import registry
     spec = peer_spec("llama-server", Path(args.peers_dir), free_port())
     if spec.missing():
         print(json.dumps({"bench": NAME, "error": "llama-server not installed",
@@ -85,6 +91,7 @@ def run(args) -> int:
     ours = [o.token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], params)]
     port = int(spec.env["PORT"])
     server = RunningServer(spec, Path(tempfile.mkdtemp()) / "llama-server.log")
+    exact = ExactReference(registry.resolve("gemma-3-270m")) if args.exact else None
     rows = []
     try:
         import httpx
@@ -103,6 +110,13 @@ def run(args) -> int:
             rows.append({"prompt": i, "prompt_tokens": len(pid), "compared": n,
                          "agree": mine[:n] == theirs[:n], "mimo": mine, "llama": theirs,
                          "min_margin": round(min(margins), 4)})
+            k = first_parting(mine, theirs, n)
+            if k is not None and exact is not None:
+                history = pid + theirs[:k]
+                top, top_margin = exact.top2(history)
+                again = _llama_greedy(port, history, 1)[0][0]
+                rows[-1]["parted"] = Parting(k, mine[k], theirs[k], margins[k], top, top_margin,
+                                             again).as_json()
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         server.stop()
@@ -110,5 +124,10 @@ def run(args) -> int:
     print(json.dumps({"bench": NAME, "margin": args.margin, "weights": w.format,
                       "kernels": w.kernels, "dtype": llm.engine.config.runtime.dtype,
                       "all_agree": all(r["agree"] for r in rows),
+                      # every parting a step where llama-server left float32 math's pick
+                      # and mimo kept it, or a near-tie of that math
+                      "partings_by_llama": (all(r["parted"]["verdict"] in ("llama", "near-tie")
+                                                for r in rows if "parted" in r)
+                                            if exact is not None else None),
                       "compared_steps": sum(r["compared"] for r in rows), "prompts": rows}))
     return 0 if all(r["agree"] for r in rows) else 1
