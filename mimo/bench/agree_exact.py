@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 NEAR_TIE = 0.1      # the margin rule of the transformers tests (tests/models/test_gemma3_gguf.py)
 
@@ -52,7 +53,7 @@ class ExactReference:
 
     def __init__(self, gguf: Path):
         self.gguf = Path(gguf)
-        self._model = None
+        self._model: Any = None
 
     def top2(self, ids: list[int]) -> tuple[int, float]:
         """The top token after `ids` and its logit margin over the second."""
