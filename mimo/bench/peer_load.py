@@ -11,6 +11,8 @@ load.py so that it runs from a checkout alone): streamed /v1/completions, greedy
   (c) one `long_tokens` prompt sent twice: TTFT cold, then of the repeat.
   (d) a `long_tokens` prompt, then one sharing its first `shared_prefix` tokens: TTFT of
       each, and the cached tokens each server reports.
+  (c) and (d) run `long_runs` times on fresh prompts; each TTFT is the runs' median (a
+  single repeat, tens of milliseconds, doubled now and then with the machine's noise).
 
 Prompts are random words from a list whose every word is one Gemma 3 token after a space and
 never merges with its neighbour, so "The w1 ... wn" is exactly n + 2 tokens with BOS. The
@@ -67,6 +69,7 @@ class Workload:
     prompt_tokens: int = 256
     max_tokens: int = 128
     single_runs: int = 3
+    long_runs: int = 3
     concurrency: int = 16
     long_tokens: int = 3000
     shared_prefix: int = 2000
@@ -74,14 +77,15 @@ class Workload:
     def __post_init__(self):
         if min(self.prompt_tokens, self.long_tokens) < 3 or self.max_tokens < 2:
             raise ValueError("prompts need >= 3 tokens and outputs >= 2")
-        if min(self.single_runs, self.concurrency) < 1:
-            raise ValueError("single_runs and concurrency must be >= 1")
+        if min(self.single_runs, self.long_runs, self.concurrency) < 1:
+            raise ValueError("single_runs, long_runs and concurrency must be >= 1")
         if not 3 <= self.shared_prefix < self.long_tokens:
             raise ValueError("shared_prefix must lie in [3, long_tokens)")
 
 
 # load.py --quick: the smoke sizes.
-QUICK = Workload(max_tokens=32, single_runs=1, concurrency=4, long_tokens=1200, shared_prefix=800)
+QUICK = Workload(max_tokens=32, single_runs=1, long_runs=1, concurrency=4, long_tokens=1200,
+                 shared_prefix=800)
 
 
 def words(rng: random.Random, n: int) -> str:
@@ -233,22 +237,32 @@ async def run_workload(client: Client, w: Workload, seed: int, log=lambda m: Non
             "ttft_s_max": r3(max(s["ttft_s"] for s in per)),
             "per_stream_decode_tok_s_median": r3(statistics.median(rates)) if rates else None,
             "min_output_tokens": min(r["tokens"] for r in res)}
-        log(f"(c) a {w.long_tokens}-token prompt, twice")
-        p = prompt_of(rng, w.long_tokens)
-        first, second = await client.complete(p, 2), await client.complete(p, 2)
-        out["c_repeat"] = _pair(first, second)
-        log(f"(d) a {w.long_tokens}-token prompt, then one sharing {w.shared_prefix} tokens")
-        p1, p2 = shared_pair(rng, w.long_tokens, w.shared_prefix)
-        first, second = await client.complete(p1, 2), await client.complete(p2, 2)
-        out["d_shared_prefix"] = _pair(first, second)
+        pairs = []
+        for i in range(w.long_runs):
+            log(f"(c) a {w.long_tokens}-token prompt, twice ({i + 1}/{w.long_runs})")
+            p = prompt_of(rng, w.long_tokens)
+            pairs.append((await client.complete(p, 2), await client.complete(p, 2)))
+        out["c_repeat"] = _pairs(pairs)
+        pairs = []
+        for i in range(w.long_runs):
+            log(f"(d) a {w.long_tokens}-token prompt, then one sharing {w.shared_prefix} "
+                f"tokens ({i + 1}/{w.long_runs})")
+            p1, p2 = shared_pair(rng, w.long_tokens, w.shared_prefix)
+            pairs.append((await client.complete(p1, 2), await client.complete(p2, 2)))
+        out["d_shared_prefix"] = _pairs(pairs)
     except Exception as e:        # noqa: BLE001 - reported in the JSON line, not hidden
         out["errors"].append(f"{type(e).__name__}: {e}")
     return out
 
 
-def _pair(first: dict, second: dict) -> dict:
-    return {"prompt_tokens": [first["prompt_tokens"], second["prompt_tokens"]],
-            "ttft_first_s": r3(first["t_first"] - first["t0"]),
-            "ttft_second_s": r3(second["t_first"] - second["t0"]),
+def _pairs(pairs: list[tuple[dict, dict]]) -> dict:
+    """Each request's TTFT as the runs' median, every run's kept; the cached tokens of the
+    last run (the same prompt sizes each run)."""
+    firsts = [r3(a["t_first"] - a["t0"]) for a, _ in pairs]
+    seconds = [r3(b["t_first"] - b["t0"]) for _, b in pairs]
+    first, second = pairs[-1]
+    return {"prompt_tokens": [first["prompt_tokens"], second["prompt_tokens"]], "runs": len(pairs),
+            "ttft_first_s": r3(statistics.median(firsts)), "ttft_first_s_all": firsts,
+            "ttft_second_s": r3(statistics.median(seconds)), "ttft_second_s_all": seconds,
             "cached_tokens_first": first["cached_tokens"],
             "cached_tokens_second": second["cached_tokens"]}

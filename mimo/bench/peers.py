@@ -37,8 +37,8 @@ from .server_process import ROOT, free_port
 
 NAME = "peers"
 DEFAULT_MODEL = "gemma-3-270m"
-SIZES = ("prompt_tokens", "max_tokens", "single_runs", "concurrency", "long_tokens",
-         "shared_prefix")
+SIZES = ("prompt_tokens", "max_tokens", "single_runs", "long_runs", "concurrency",
+         "long_tokens", "shared_prefix")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -50,8 +50,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="where the peers scripts set the peers up (default: $MIMO_PEERS_DIR "
                         "or /work/peers)")
     p.add_argument("--quick", action="store_true",
-                   help="smoke sizes: 32 output tokens, 4 streams, 1 single run, 1,200-token "
-                        "prompts sharing 800; small machine-limit buffers")
+                   help="smoke sizes: 32 output tokens, 4 streams, 1 single run, 1 long run, "
+                        "1,200-token prompts sharing 800; small machine-limit buffers")
     p.add_argument("--mimo-args", default="", help="extra flags for mimo's server.py (one string)")
     p.add_argument("--mimo-dir", default=str(ROOT),
                    help="the mimo checkout whose server.py runs (default: this one; e.g. a "

@@ -191,7 +191,7 @@ def test_mimo_alone_quick_run(tmp_path):
            "--netns", netns, "--peers", "vllm,llama-server", "--peers-dir", str(tmp_path / "no"),
            "--model", str(model), "--port", "0", "--prompt-tokens", "24", "--max-tokens", "6",
            "--concurrency", "3", "--long-tokens", "100", "--shared-prefix", "60",
-           "--single-runs", "3", "--mimo-args", "--threads 1", "--mimo-dir", str(ROOT),
+           "--single-runs", "3", "--long-runs", "3", "--mimo-args", "--threads 1", "--mimo-dir", str(ROOT),
            "--seed", "3"]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
@@ -219,6 +219,11 @@ def test_mimo_alone_quick_run(tmp_path):
     a = load["a_single"]        # TTFT: the runs' median; decode: the best run's
     assert a["runs"] == 3 and a["ttft_s"] == sorted(a["ttft_s_all"])[1]
     assert a["decode_tok_s"] == max(a["decode_tok_s_all"])
+    for part in ("c_repeat", "d_shared_prefix"):     # each TTFT: the runs' median
+        c = load[part]
+        assert c["runs"] == 3 and c["ttft_first_s"] == sorted(c["ttft_first_s_all"])[1], part
+        assert c["ttft_second_s"] == sorted(c["ttft_second_s_all"])[1], part
+    assert res["rows"]["repeat_ttft_s"]["values"]["mimo"] == load["c_repeat"]["ttft_second_s"]
     assert load["b_concurrent"]["streams"] == 3 and load["b_concurrent"]["min_output_tokens"] == 6
     assert res["summary"]["rows_compared"] == 0
     # Independently of the bench's own check: no process serves the tiny model any more.
