@@ -49,8 +49,8 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--prefill-matmul", default="auto", choices=list(PREFILL_MATMULS),
                    help="weights of prefill-sized steps (over 16 rows) with gguf/q8_0 "
                         "weights: dense (torch's GEMM on the dense copy), blocks (the blocks' "
-                        "int8 C++ GEMM, faster in bf16 with VNNI, opt-in: 8-bit prefill "
-                        "activations broke a chat model's answer); auto: dense")
+                        "int8 C++ GEMM, 8-bit activations); auto: blocks in bfloat16 with the "
+                        "AVX-512 VNNI kernels on a CPU without AMX, else dense")
     g.add_argument("--greedy-head", default="auto", choices=["auto", "exact", "int4"],
                    help="greedy argmax of the LM head: exact (of the int8 logits, proven by "
                         "an error bound) or int4 (an int4 copy scores, its best 64 are "

@@ -2,13 +2,14 @@
 once at start-up: the dense copy (torch's GEMM in the model dtype: oneDNN's bf16 on
 AVX-512-BF16) or the GGUF / Q8_0 blocks (the C++ GEMM that decodes each weight tile once per
 call, mimo/cpu/csrc/qgemm512.cpp). 'auto' follows a rule measured on this project's CPU
-(docs/cpu_kernels.md, "Prefill on the blocks"): dense. The blocks' GEMM is faster in bf16
-on the AVX-512 VNNI build without AMX, but 8-bit activations in prefill broke a chat
-model's answer (SmolLM2-135M-Instruct, the README's first chat), so it is opt-in.
-float32 keeps the dense GEMM: it is the dtype asked for reference numerics, and 8-bit
-activations in prefill moved a long prompt's greedy tokens off the float32 reference. A
-rule rather than timing both at start-up: on a shared machine such a timing flips from
-start to start, and with it prefill's numerics. `measure` times both ways, for benchmarks."""
+(docs/cpu_kernels.md, "Prefill on the blocks"): the blocks in bfloat16 on the AVX-512 VNNI
+build without AMX (a cold prefill ~15-20% faster), else dense. float32 keeps the dense GEMM:
+it is the dtype asked for reference numerics, and 8-bit activations in prefill moved a long
+prompt's greedy tokens off the float32 reference. The AVX2 build has no GEMM (its 8-row tiles
+re-decode the weights per group of rows); on an AMX CPU oneDNN's bf16 tiles are expected to
+win (not measured); compiled layers trace the dense GEMM. A rule rather than timing both at
+start-up: on a shared machine such a timing flips from start to start, and with it
+prefill's numerics. `measure` times both ways, for benchmarks."""
 from __future__ import annotations
 
 import logging
@@ -68,9 +69,25 @@ def measure(lins: list[Linear], rows: int = CALIBRATION_ROWS) -> tuple[float, fl
     return sum(dense), sum(blocks)
 
 
-def choose(model: nn.Module, rt: RuntimeConfig, fmt: str) -> PrefillMatmul:
-    """Decide and apply (each block Linear's `prefill_blocks`): `fmt` the weight format.
-    'blocks' forced without blocks is refused."""
+def auto_rule(rt: RuntimeConfig, kernels: str, cpu_flags: frozenset[str]) -> PrefillMatmul:
+    """'auto' for a model with blocks: `kernels` the kernel build in use ('avx2',
+    'avx512-vnni' or 'torch'), `cpu_flags` the CPU's instruction sets (features.CPUInfo)."""
+    if rt.dtype != "bfloat16":
+        return PrefillMatmul("dense", f"{rt.dtype}: the reference numerics")
+    if rt.compile == "on":
+        return PrefillMatmul("dense", "compiled layers trace the dense GEMM")
+    if kernels != "avx512-vnni":
+        return PrefillMatmul("dense", f"no int8 GEMM in the {kernels} kernels")
+    if "amx_bf16" in cpu_flags:
+        return PrefillMatmul("dense", "AMX: oneDNN's bf16 tiles")
+    return PrefillMatmul("blocks", "bfloat16 on the AVX-512 VNNI build")
+
+
+def choose(model: nn.Module, rt: RuntimeConfig, fmt: str, kernels: str,
+           cpu_flags: frozenset[str]) -> PrefillMatmul:
+    """Decide and apply (each block Linear's `prefill_blocks`): `fmt` the weight format,
+    `kernels` and `cpu_flags` as auto_rule takes them. 'blocks' forced without blocks is
+    refused."""
     lins = _block_linears(model)
     if rt.prefill_matmul == "blocks" and not lins:
         raise ConfigError(f"prefill_matmul=blocks needs gguf or q8_0 weights; they are {fmt}")
@@ -79,10 +96,7 @@ def choose(model: nn.Module, rt: RuntimeConfig, fmt: str) -> PrefillMatmul:
     elif not lins:
         pick = PrefillMatmul("dense", f"no blocks ({fmt} weights)")
     else:
-        # The blocks' GEMM is faster in bf16 on the VNNI build (docs/cpu_kernels.md), but not
-        # the default: with 8-bit activations in prefill, SmolLM2-135M-Instruct answers the
-        # README's chat with nonsense, though its products equal qlinear's row by row.
-        pick = PrefillMatmul("dense", "8-bit prefill activations are opt-in (blocks)")
+        pick = auto_rule(rt, kernels, cpu_flags)
     for m in lins:
         m.prefill_blocks = pick.kind == "blocks"
     if lins:

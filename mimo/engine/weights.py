@@ -47,5 +47,5 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
     log.info("CPU %s; dtype %s, decode weights %s, kernels %s%s; fused decode layers: %d",
              cpu_info().summary(), rt.dtype, fmt, kernels,
              f": {report.summary()}" if report else "", fused)
-    prefill = prefill_matmul.choose(model, rt, fmt).kind
+    prefill = prefill_matmul.choose(model, rt, fmt, kernels, cpu_info().flags).kind
     return Weights(fmt, kernels, report, fused, prefill)

@@ -61,18 +61,31 @@ def test_prefill_rows_go_where_the_choice_says(mode, monkeypatch):
     assert torch.allclose(y.double(), ref, rtol=0.05, atol=0.05 * float(ref.abs().max()))
 
 
-def test_auto_is_dense_and_blocks_is_opt_in():
-    """auto keeps the dense GEMM everywhere (8-bit prefill activations broke a chat model's
-    answer: tests/test_first_chat.py), with or without blocks; blocks forced takes them."""
+VNNI = frozenset({"avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"})
+
+
+def test_auto_takes_the_blocks_only_in_bf16_on_the_vnni_build_without_amx():
+    """auto: the blocks' GEMM for bfloat16 with the AVX-512 VNNI kernels on a CPU without
+    AMX; dense for float32 (reference numerics), compiled layers, the AVX2 or no kernels,
+    and AMX; forced values and models without blocks as they say."""
     llm = _llm(quantize="q8_0", prefill_matmul="dense")
     model = llm.engine.model
-    for rt in (RuntimeConfig(dtype="bfloat16"), RuntimeConfig(dtype="float32"),
-               RuntimeConfig(dtype="bfloat16", compile="on")):
-        assert prefill_matmul.choose(model, rt, "q8_0").kind == "dense"
-    forced = RuntimeConfig(dtype="bfloat16", prefill_matmul="blocks")
-    assert prefill_matmul.choose(model, forced, "q8_0").kind == "blocks"
+    bf16 = RuntimeConfig(dtype="bfloat16")
+    assert prefill_matmul.choose(model, bf16, "q8_0", "avx512-vnni", VNNI).kind == "blocks"
+    dense_cases = [(RuntimeConfig(dtype="float32"), "avx512-vnni", VNNI),
+                   (RuntimeConfig(dtype="bfloat16", compile="on"), "avx512-vnni", VNNI),
+                   (bf16, "avx2", VNNI), (bf16, "torch", VNNI),
+                   (bf16, "avx512-vnni", VNNI | {"amx_tile", "amx_int8", "amx_bf16"})]
+    for rt, kernels, flags in dense_cases:
+        pick = prefill_matmul.choose(model, rt, "q8_0", kernels, flags)
+        assert pick.kind == "dense", (rt.dtype, rt.compile, kernels, pick)
+    forced = RuntimeConfig(dtype="float32", prefill_matmul="blocks")
+    assert prefill_matmul.choose(model, forced, "q8_0", "avx2", frozenset()).kind == "blocks"
+    forced = RuntimeConfig(dtype="bfloat16", prefill_matmul="dense")
+    assert prefill_matmul.choose(model, forced, "q8_0", "avx512-vnni", VNNI).kind == "dense"
     dense_only = _llm(quantize="none").engine.model
-    assert prefill_matmul.choose(dense_only, RuntimeConfig(), "none").kind == "dense"
+    pick = prefill_matmul.choose(dense_only, bf16, "none", "torch", VNNI)
+    assert pick.kind == "dense" and "no blocks" in pick.why
 
 
 def test_measure_times_both_ways():

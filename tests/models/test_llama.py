@@ -254,7 +254,7 @@ def test_chat_answer_knows_paris(smol_loaded):
     llm = LLM("smollm2-135m-instruct", progress=False, loaded=smol_loaded,
               kv_cache_memory="64MiB")
     tmpl = ChatTemplate.for_model(llm.tokenizer, llm.engine.model_config.arch)
-    ids = tmpl.encode(llm.tokenizer, [{"role": "user", "content": "What is the capital of France?"}])
+    ids = tmpl.encode(llm.tokenizer, [{"role": "user", "content": "Name the capital of France."}])
     out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=24))[0]
     assert "Paris" in out.text, out.text
     # The answer ends its turn with <|im_end|> (the GGUF's eos), a stop token.
