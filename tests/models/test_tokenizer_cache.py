@@ -68,3 +68,20 @@ def test_other_metadata_is_another_entry(small_md):
     keys = {tc.metadata_key(small_md), tc.metadata_key(changed), tc.metadata_key(flags)}
     assert len(keys) == 3
     assert tc.metadata_key(dict(reversed(list(small_md.items())))) == tc.metadata_key(small_md)
+
+
+def test_every_number_of_an_array_is_in_the_key(small_md):
+    """Numeric arrays enter the key as raw buffers: one score moved by one float32 step, one
+    token type changed, or the same numbers as another dtype, each give another key."""
+    import numpy as np
+    scores = small_md["tokenizer.ggml.scores"]
+    nudged = list(scores)
+    nudged[123] = float(np.nextafter(np.float32(nudged[123]), np.float32(np.inf)))
+    original = small_md["tokenizer.ggml.token_type"]
+    types = list(original)
+    types[7] = types[7] + 1
+    variants = [small_md, {**small_md, "tokenizer.ggml.scores": nudged},
+                {**small_md, "tokenizer.ggml.token_type": types},
+                {**small_md, "tokenizer.ggml.token_type": [float(t) for t in original]}]
+    assert len({tc.metadata_key(md) for md in variants}) == len(variants)
+    assert tc.metadata_key({**small_md, "tokenizer.ggml.scores": list(scores)}) == tc.metadata_key(small_md)
