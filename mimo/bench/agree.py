@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .agree_exact import ExactReference, Parting, first_parting
+from .agree_exact import NEAR_TIE, ExactReference, Parting, first_parting
 from .peer_servers import RunningServer, peer_spec
 from .server_process import free_port
 
@@ -35,7 +35,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--peers-dir", default=os.environ.get("MIMO_PEERS_DIR", "/work/peers"))
     p.add_argument("--netns", default="peers", help="network namespace (none: stay here)")
     p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--margin", type=float, default=0.1)
+    p.add_argument("--margin", type=float, default=NEAR_TIE,
+                   help="compare up to llama-server's first step with a smaller top-2 margin; "
+                        "a parting where float32 math's margin is smaller is a near-tie")
     p.add_argument("--mimo-args", default="", help="LLM keywords as k=v,k=v (e.g. dtype=float32)")
     p.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
                    help="judge each parting by float32 math on the same weights (transformers)")
@@ -89,9 +91,9 @@ def run(args) -> int:
     # which mimo's does not, so neither side is asked to go past it.
     params = SamplingParams(temperature=0, max_tokens=args.steps)
     ours = [o.token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], params)]
+    exact = ExactReference(registry.resolve("gemma-3-270m")) if args.exact else None
     port = int(spec.env["PORT"])
     server = RunningServer(spec, Path(tempfile.mkdtemp()) / "llama-server.log")
-    exact = ExactReference(registry.resolve("gemma-3-270m")) if args.exact else None
     rows = []
     try:
         import httpx
@@ -116,7 +118,7 @@ def run(args) -> int:
                 top, top_margin = exact.top2(history)
                 again = _llama_greedy(port, history, 1)[0][0]
                 rows[-1]["parted"] = Parting(k, mine[k], theirs[k], margins[k], top, top_margin,
-                                             again).as_json()
+                                             again, args.margin).as_json()
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
         server.stop()

@@ -27,12 +27,13 @@ class Parting:
     exact: int                  # float32 math's top token on the same history
     exact_margin: float         # and its top-2 margin
     llama_as_prompt: int        # llama-server's token for the same history sent as a prompt
+    near_tie: float = NEAR_TIE  # the margin rule (bench agree's --margin)
 
     @property
     def verdict(self) -> str:
         """Who left the float32 math's pick: 'llama' (mimo kept it), 'mimo', 'both', or
         'near-tie' (the math's own margin is below the rule, any rounding may decide)."""
-        if self.exact_margin < NEAR_TIE:
+        if self.exact_margin < self.near_tie:
             return "near-tie"
         if self.mimo == self.exact:
             return "llama"

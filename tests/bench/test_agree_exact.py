@@ -28,3 +28,10 @@ def test_first_parting_looks_only_inside_the_compared_steps():
     assert first_parting([1, 2, 3, 4], [1, 2, 9, 4], upto=2) is None
     assert first_parting([1, 2, 3], [1, 2, 3, 4], upto=4) is None     # one side ended
     assert first_parting([1, 2, 1], [1, 2, 255999], upto=3) == 2
+
+
+def test_the_near_tie_rule_is_the_one_asked():
+    """bench agree passes its --margin: a wider rule turns a decisive step into a near-tie."""
+    p = Parting(step=3, mimo=5, llama=7, llama_margin=0.2, exact=5, exact_margin=0.26,
+                llama_as_prompt=7, near_tie=0.3)
+    assert p.verdict == "near-tie" and p.as_json()["near_tie"] == 0.3
