@@ -21,7 +21,7 @@ from ..engine.async_engine import AsyncEngine
 from ..multimodal.config import MediaConfig
 from ..structured import GrammarError, grammar_vocab
 from ..tools import format_for
-from . import schemas
+from . import schemas, worker_threads
 from .body import read_json
 from .chat_pipeline import build_chat_pipeline
 from .errors import (
@@ -206,6 +206,7 @@ class Server:
 def build_app(server: Server) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        pool = worker_threads.install(asyncio.get_running_loop())
         server.engine.start()
         if server.publisher is not None:
             server.publisher.start()
@@ -217,6 +218,7 @@ def build_app(server: Server) -> Starlette:
             await server.responses.close()
             await server.pipeline.close(timeout=1.0)
             await server.engine.stop()
+            pool.shutdown(wait=False)
 
     async def not_found(request, exc):
         return error_response(RouteNotFound(request.method, request.url.path))

@@ -22,8 +22,8 @@ longest time `mimo_engine_steps` stood still while requests were running or queu
 After the last request the server must come back to idle (within 30 s) with no KV page in
 use in any pool and, within 10 s more, as many open file descriptors and threads as it had
 after the warm-up: one request, then bursts of `--max-concurrency` at once until the counts
-stand still (asyncio's default executor, which tokenizes text, grows lazily up to a bound and
-keeps its threads; the counts after the single request are reported too). `ok` is all of
+stand still (the server starts its pool for blocking work whole, but a client library's
+pool may grow lazily; the counts after the single request are reported too). `ok` is all of
 that plus no stuck or failed request and a step stall under `--max-stall`. A run that passes
 `--timeout` s, or whose engine stops stepping for longer than `--request-timeout` + 10 s,
 stops sending and reports failure.
@@ -105,8 +105,8 @@ def _get_metrics(url: str) -> dict | None:
 
 def _warm_up(url: str, burst: int) -> None:
     """One request, then `burst` at once (text and token ids, streamed and not) with a shared
-    prefix: lazily grown, bounded pools (asyncio's default executor, which tokenizes text)
-    reach the size the run's concurrency gives them before fds and threads are counted."""
+    prefix: any lazily grown, bounded pool reaches the size the run's concurrency gives it
+    before fds and threads are counted."""
     import httpx
     with httpx.Client(timeout=300.0) as c:
         model = c.get(url + "/v1/models").json()["data"][0]["id"]
