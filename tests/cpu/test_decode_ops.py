@@ -98,6 +98,14 @@ def test_rope_matches_float64(ops, T, heads, d):
                      xd[..., h:] * ang.cos()[:, None] + xd[..., :h] * ang.sin()[:, None]], -1)
     got = ops.rope(x, cos.float(), sin.float(), False)
     torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-5)
+    # rounded as the plain bfloat16 layer rounds: each product and the sum, by torch's casts
+    def b(t):
+        return t.bfloat16().float()
+    c, s = cos.float()[:, None], sin.float()[:, None]
+    lo, hi = x[..., :h], x[..., h:]
+    want = torch.cat([b(b(lo * c[..., :h]) + b(hi * s[..., :h])),
+                      b(b(hi * c[..., h:]) + b(lo * s[..., h:]))], -1)
+    assert torch.equal(ops.rope(x, cos.float(), sin.float(), True), want)
 
 
 def _tiny_engine(dtype: str, fused: str, **overrides):

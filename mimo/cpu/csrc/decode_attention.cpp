@@ -10,12 +10,16 @@
 // layer's bfloat16 attention does (torch's CPU SDPA rounds exp(s - max) and divides by the
 // unrounded sum; the explicit softmax used with sinks rounds the normalised weights).
 // Sinks: a per-head logit joining the softmax with no value.
+// With `round` and bfloat16 caches, on a CPU with AVX512-BF16 (VNNI build), q is taken as
+// bfloat16 (the plain layer's q is a bfloat16 tensor) and both products run on `vdpbf16ps`.
 #include "kernels.h"
 #include "vec_math.h"
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -62,6 +66,124 @@ float score_part(const float* q, const T* kp, const int64_t* slots, int64_t l0, 
     return mx;
 }
 
+#if defined(MIMO_ISA_VNNI)
+#define MIMO_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// The bfloat16 products (`round` with bfloat16 caches, where the CPU has AVX512-BF16):
+// `vdpbf16ps` multiplies bfloat16 pairs exactly and adds them in float32, so with q and the
+// weights already bfloat16 values (as the plain bfloat16 layer holds them) the results
+// differ from the float32 loops only in the order of float32 sums, at about a third of
+// the instructions.
+bool bf16_ok() {
+    static const bool ok = __builtin_cpu_supports("avx512bf16");
+    return ok;
+}
+
+// Key and value rows are read by slot, pages apart: each loop asks for the row AHEAD keys on.
+constexpr int64_t AHEAD = 8;
+inline void prefetch_row(const at::BFloat16* p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32) _mm_prefetch(reinterpret_cast<const char*>(p + i), _MM_HINT_T0);
+}
+
+// Scores of keys [l0, l1) for the rep query heads of KV head g, qb: the heads' queries as
+// bfloat16 [rep, D], D a multiple of 32.
+MIMO_BF16 float score_bf16(const uint16_t* qb, const at::BFloat16* kp, const int64_t* slots,
+                           int64_t l0, int64_t l1, int64_t ks, int64_t g, int64_t rep,
+                           int64_t D, int64_t L, float scale, float* s) {
+    float mx = -INFINITY;
+    for (int64_t l = l0; l < l1; ++l) {
+        const at::BFloat16* k = kp + slots[l] * ks + g * D;
+        if (l + AHEAD < l1) prefetch_row(kp + slots[l + AHEAD] * ks + g * D, D);
+        __m512 acc[MAX_REP];
+        for (int64_t r = 0; r < rep; ++r) acc[r] = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D; i += 32) {
+            const __m512bh kv = (__m512bh)_mm512_loadu_si512(k + i);
+            for (int64_t r = 0; r < rep; ++r)
+                acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(qb + r * D + i), kv);
+        }
+        for (int64_t r = 0; r < rep; ++r) {
+            s[r * L + l] = _mm512_reduce_add_ps(acc[r]) * scale;
+            mx = std::max(mx, s[r * L + l]);
+        }
+    }
+    return mx;
+}
+
+inline uint32_t bits16(float w) {     // a bfloat16 value's 16 bits
+    uint32_t u;
+    std::memcpy(&u, &w, 4);
+    return u >> 16;
+}
+
+// acc [rep, Dv] += the weights s (bfloat16 values) times the value rows of keys [l0, l1):
+// two keys per `vdpbf16ps` (their rows interleaved), 64 values of 4 heads at a time.
+MIMO_BF16 void values_bf16(const at::BFloat16* vp, const int64_t* slots, int64_t l0, int64_t l1,
+                           int64_t vs, int64_t g, int64_t rep, int64_t Dv, int64_t L,
+                           const float* s, float* acc) {
+    constexpr int64_t RH = 4, CH = 4;
+    for (int64_t r0 = 0; r0 < rep; r0 += RH) {
+        const int64_t nr = std::min(RH, rep - r0);
+        for (int64_t i0 = 0; i0 < Dv; i0 += 16 * CH) {
+            const int64_t nc = std::min(CH, (Dv - i0) / 16);
+            __m512 a[RH][CH];
+            for (auto& ar : a) for (auto& x : ar) x = _mm512_setzero_ps();
+            for (int64_t l = l0; l < l1; l += 2) {
+                const bool two = l + 1 < l1;
+                const at::BFloat16* v0 = vp + slots[l] * vs + g * Dv + i0;
+                const at::BFloat16* v1 = two ? vp + slots[l + 1] * vs + g * Dv + i0 : v0;
+                if (i0 == 0 && r0 == 0)
+                    for (int64_t a2 = l + AHEAD; a2 < std::min(l + AHEAD + 2, l1); ++a2)
+                        prefetch_row(vp + slots[a2] * vs + g * Dv, Dv);
+                __m512i vv[CH];
+                for (int64_t c = 0; c < nc; ++c) {
+                    const __m512i x0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v0 + 16 * c)));
+                    const __m512i x1 = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(v1 + 16 * c)));
+                    vv[c] = _mm512_or_si512(x0, _mm512_slli_epi32(x1, 16));
+                }
+                for (int64_t r = 0; r < nr; ++r) {
+                    const float* sr = s + (r0 + r) * L;
+                    const uint32_t w = bits16(sr[l]) | (two ? bits16(sr[l + 1]) << 16 : 0u);
+                    const __m512bh wb = (__m512bh)_mm512_set1_epi32(static_cast<int>(w));
+                    for (int64_t c = 0; c < nc; ++c) a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)vv[c], wb);
+                }
+            }
+            for (int64_t r = 0; r < nr; ++r)
+                for (int64_t c = 0; c < nc; ++c) {
+                    float* o = acc + (r0 + r) * Dv + i0 + 16 * c;
+                    _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), a[r][c]));
+                }
+        }
+    }
+}
+#endif
+
+// The bfloat16 paths apply: bfloat16 caches, weights and q rounded to bfloat16, a CPU and
+// build with AVX512-BF16, head dims the loops take.
+template <typename T>
+bool bf16_path(bool round, int64_t D, int64_t Dv) {
+#if defined(MIMO_ISA_VNNI)
+    return std::is_same_v<T, at::BFloat16> && round && D % 32 == 0 && Dv % 16 == 0 && bf16_ok();
+#else
+    (void)round; (void)D; (void)Dv;
+    return false;
+#endif
+}
+
+template <typename T>
+bool bf16_values(const T* vp, const int64_t* slots, int64_t l0, int64_t l1, int64_t vs, int64_t g,
+                 int64_t rep, int64_t Dv, int64_t L, bool round, const float* s, float* acc) {
+#if defined(MIMO_ISA_VNNI)
+    if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (!(round && Dv % 16 == 0 && bf16_ok())) return false;
+        values_bf16(vp, slots, l0, l1, vs, g, rep, Dv, L, s, acc);
+        return true;
+    }
+#endif
+    (void)vp; (void)slots; (void)l0; (void)l1; (void)vs; (void)g; (void)rep; (void)Dv; (void)L;
+    (void)round; (void)s; (void)acc;
+    return false;
+}
+
 // Weights of keys [l0, l1) in place (exp(s - mx[r]), rounded and/or scaled by inv[r] as
 // asked), their unrounded sums added to sum[r], their weighted values to acc [rep, Dv].
 template <typename T>
@@ -85,11 +207,18 @@ void value_part(const T* vp, const int64_t* slots, int64_t l0, int64_t l1, int64
             t += v[0];
         }
         sum[r] = t;
-        for (l = l0; l < l1; ++l) {
+        if (!inv && !round) continue;
+        const __m256 f = _mm256_set1_ps(inv ? inv[r] : 1.f);
+        for (l = l0; l + 8 <= l1; l += 8) {
+            const __m256 w = inv ? _mm256_mul_ps(_mm256_loadu_ps(sr + l), f) : _mm256_loadu_ps(sr + l);
+            _mm256_storeu_ps(sr + l, round ? mimo_vec::bf16_round8(w) : w);
+        }
+        for (; l < l1; ++l) {
             const float w = inv ? sr[l] * inv[r] : sr[l];
             sr[l] = round ? static_cast<float>(c10::BFloat16(w)) : w;
         }
     }
+    if (bf16_values(vp, slots, l0, l1, vs, g, rep, Dv, L, round, s, acc)) return;
     for (int64_t l = l0; l < l1; ++l) {
         const T* v = vp + slots[l] * vs + g * Dv;
         int64_t i = 0;
@@ -127,13 +256,25 @@ void decode(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor
     const T* vp = vc.data_ptr<T>();
     const int64_t* sp = slots.data_ptr<int64_t>();
     const float* qp = q.data_ptr<float>();
+    const bool bf16 = bf16_path<T>(round, D, Dv);
+    std::vector<uint16_t> qb(bf16 ? B * Hq * D : 0);      // q rounded to bfloat16
+    for (size_t i = 0; i < qb.size(); ++i) qb[i] = c10::BFloat16(qp[i]).x;
     at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
         for (int64_t u = u0; u < u1; ++u) {
             const int64_t b = u / (Hkv * split), g = u / split % Hkv;
+            const int64_t h0 = b * Hq + g * rep;
             int64_t l0, l1;
             range(u, l0, l1);
-            part_max[u] = score_part(qp + (b * Hq + g * rep) * D, kp, sp + b * L, l0, l1,
-                                     kc.stride(0), g, rep, D, L, scale, s.data() + (b * Hq + g * rep) * L);
+#if defined(MIMO_ISA_VNNI)
+            if constexpr (std::is_same_v<T, at::BFloat16>)
+                if (bf16) {
+                    part_max[u] = score_bf16(qb.data() + h0 * D, kp, sp + b * L, l0, l1,
+                                             kc.stride(0), g, rep, D, L, scale, s.data() + h0 * L);
+                    continue;
+                }
+#endif
+            part_max[u] = score_part(qp + h0 * D, kp, sp + b * L, l0, l1, kc.stride(0), g, rep,
+                                     D, L, scale, s.data() + h0 * L);
         }
     });
     // one max per (sequence, KV head) over its parts and sinks (a common shift: the weights

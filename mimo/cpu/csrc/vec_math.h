@@ -41,4 +41,13 @@ inline __m256 act8(__m256 x, bool gelu) {
     return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t));
 }
 
+// 8 floats rounded to bfloat16 (to nearest even, as c10::BFloat16 rounds finite values) and
+// widened back: add 0x7FFF plus the kept part's lowest bit, clear the low 16 bits.
+inline __m256 bf16_round8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    u = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd));
+    return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
 }  // namespace mimo_vec
