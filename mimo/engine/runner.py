@@ -75,6 +75,13 @@ class ModelRunner:
         mm = any(c.seq.mm is not None for c in chunks)
         pos3, mm_rows, mm_embs = [], [], []
         row = 0
+        # A step the fused decode layers can take (few rows, text only, slot-list attention)
+        # runs every chunk as one-query rows, as verify chunks always do: each row reads its
+        # own keys, all rows' K/V written first. A short prefill (a cached prompt's last
+        # page, a short prompt) then takes one C++ call per layer instead of the plain layers.
+        fused_rows = getattr(self.model, "fused_rows", None)
+        as_rows = (not mm and not self.backend.paged and fused_rows is not None
+                   and sum(c.n for c in chunks) <= fused_rows())
         for c in chunks:
             # A verify chunk: the last known token, then the draft (not part of the sequence).
             toks = c.seq.all_ids[c.start:c.start + c.n - len(c.draft)] + c.draft
@@ -90,7 +97,7 @@ class ModelRunner:
                         mm_rows.append(r + row)
                         mm_embs.append(e)
             kv = c.seq.running_kv
-            if c.draft:
+            if c.draft or as_rows:
                 # Verify rows attend exactly as decode rows would (batched with the other
                 # decodes, same kernel), so accepted tokens match plain decoding.
                 spans.extend((row + i, c.start + i, 1, kv) for i in range(c.n))

@@ -14,7 +14,7 @@ from ..gpu.attention import AttentionBackend, AttnBatch
 from . import fused_decode
 from .attention import Attention
 from .context import ForwardContext
-from .layers import Linear, LlamaRMSNorm, Rotary, quantize_int8
+from .layers import QUANT_MAX_ROWS, Linear, LlamaRMSNorm, Rotary, quantize_int8
 from .lm_head import LMHead
 from .mlp import GatedMLP
 from .untraced import arm
@@ -106,6 +106,11 @@ class DecoderLM(nn.Module):
 
     def unfuse_decode(self) -> None:
         self._fused = None
+
+    def fused_rows(self) -> int:
+        """The most rows a step may have for the fused decode layers to run it (0: none are
+        fused); `fused_decode.step_fits` says whether a given step does."""
+        return QUANT_MAX_ROWS if self._fused is not None else 0
 
     def _head(self, w: dict, dtype: torch.dtype, required: bool = True) -> LMHead:
         """The tied embedding, else `lm_head.weight`; an untied checkpoint without one is
