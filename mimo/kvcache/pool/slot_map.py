@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 
@@ -16,12 +17,13 @@ def page_slots(pages: Sequence[int | None], start: int, end: int, page_size: int
                what: str = "KV") -> torch.Tensor:
     """Slots of positions [start, end) through `pages` (logical page -> physical page);
     every page they touch must be present (None: released)."""
-    pos = torch.arange(start, end)
-    table = torch.tensor([-1 if p is None else p for p in pages], dtype=torch.int64)
+    # numpy: a few microseconds a call against torch's ~30 (it runs for every row of a step)
+    pos = np.arange(start, end, dtype=np.int64)
+    table = np.array([-1 if p is None else p for p in pages], dtype=np.int64)
     phys = table[pos // page_size]
     if start < end and bool((phys < 0).any()):
         raise RuntimeError(f"{what} for positions [{start}, {end}) was already released")
-    return phys * page_size + pos % page_size
+    return torch.from_numpy(phys * page_size + pos % page_size)
 
 
 class SlotMap:
