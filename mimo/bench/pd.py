@@ -156,6 +156,7 @@ def _arm(name: str, args, model: str, reqs: list[dict], warm: dict) -> dict:
             res["transfer"] = transfer_figures(before[0], after[0], before[1], after[1])
         res["pools_idle"] = all(pools_idle(w.url) for w in workers)
         res["served_by"] = sorted({r.get("worker") or "" for r in recs})
+        res["workers"] = [w.url for w in workers]
         _log(f"{name}: {json.dumps(res)}")
         out = {"summary": res, "records": recs}
         if name == "colocated":     # the reference: each request alone on one worker

@@ -126,7 +126,14 @@ def test_quick_run_reports_every_figure(tmp_path):
             # Tokens that reach the client in one read have gaps of 0 (after rounding to
             # 0.1 ms): a median of 0 is a measurement, not a missing one.
             assert 0 <= part["itl"]["p50"] <= part["itl"]["p90"] and part["itl"]["p90"] > 0
-    assert len(out["colocated"]["served_by"]) == 2 and len(out["pd"]["served_by"]) == 1
+    # The router's choice is cache- and load-aware: with the quick workload's few, spaced
+    # requests, whether the second colocated worker gets one depends on how they overlap
+    # (all five once went to one worker in a full suite run). Each request was served by
+    # one of the arm's workers; PD's all by its decode worker.
+    co = out["colocated"]
+    assert len(co["workers"]) == 2 and 1 <= len(co["served_by"]) <= 2
+    assert set(co["served_by"]) <= set(co["workers"])
+    assert len(out["pd"]["served_by"]) == 1 and out["pd"]["served_by"][0] in out["pd"]["workers"]
     assert png.stat().st_size > 10_000
 
 
