@@ -94,11 +94,15 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
         reads = read_bandwidth(nbytes, reps)
     finally:
         torch.set_num_threads(before)
-    from mimo.cpu.features import cpu_info
+    from mimo.cpu.features import chosen_isa, cpu_info
     info = cpu_info()
     method = max(reads, key=reads.get)
     best = max(rates, key=rates.get)
     return {"cpu": info.model, "cpu_flags": sorted(info.flags),
+            # what runs on them: mimo's kernel build ($MIMO_CPU_ISA forces one) and
+            # torch's own vector code ($ATEN_CPU_CAPABILITY)
+            "kernel_isa": chosen_isa(info) or "none",
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": threads, "matmul_shape": list(shape), "matmul_dtype": best,
             "matmul_gflops": round(rates[best] / 1e9, 1),
             "matmul_gflops_by_dtype": {k: round(v / 1e9, 1) for k, v in rates.items()},
