@@ -204,13 +204,18 @@ class TorchAttention(AttentionBackend):
                                    batch.decode_mask, scale, sinks)
             out.index_copy_(0, batch.decode_rows, od)
         for span in batch.prefills:
-            qp = q[span.rows].transpose(0, 1).unsqueeze(0)                    # [1, Hq, n, D]
-            kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
-            vp = v_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
-            if span.blocks is None or len(span.blocks) == 1 or span.mask is None:
-                op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
-            else:
-                op = torch.cat([_sdpa(qp[:, :, r], kp[:, :, c], vp[:, :, c], span.mask[r, c],
-                                      scale, sinks) for r, c in span.blocks], dim=2)
-            out[span.rows] = op.squeeze(0).transpose(0, 1)
+            out[span.rows] = self.prefill_span(q, k_cache, v_cache, span, scale, sinks)
         return out
+
+    @staticmethod
+    def prefill_span(q, k_cache, v_cache, span, scale, sinks) -> torch.Tensor:
+        """One prefill chunk's rows of `q` against the keys its span reads: [n, Hq, Dv]."""
+        qp = q[span.rows].transpose(0, 1).unsqueeze(0)                        # [1, Hq, n, D]
+        kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
+        vp = v_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
+        if span.blocks is None or len(span.blocks) == 1 or span.mask is None:
+            op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
+        else:
+            op = torch.cat([_sdpa(qp[:, :, r], kp[:, :, c], vp[:, :, c], span.mask[r, c],
+                                  scale, sinks) for r, c in span.blocks], dim=2)
+        return op.squeeze(0).transpose(0, 1)

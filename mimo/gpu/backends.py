@@ -5,7 +5,8 @@
   Triton's interpreter (TRITON_INTERPRET=1, CPU tensors: tests only, very slow).
 - cpu: the torch backend with mimo's C++ kernels where they apply (cpu_attention.py: decode
   rows read keys in place from the pools; prefill chunks on the bfloat16 flash kernel where
-  the CPU has AVX512-BF16); needs device cpu and the CPU kernels.
+  the CPU has AVX512-BF16, except chunks without sinks on a CPU with AMX, where torch's
+  flash kernel runs on the tiles); needs device cpu and the CPU kernels.
 - flashinfer: not built into this engine yet; refused with the reason, never replaced by
   another backend silently.
 - auto: triton when the device is CUDA and triton imports; cpu on device cpu when the CPU

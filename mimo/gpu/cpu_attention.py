@@ -1,25 +1,52 @@
 """The torch backend with the C++ kernels (mimo/cpu) where they apply: decode rows read
 keys and values in place from the pool through each sequence's slots (no gathered copy,
 no padded SDPA call per layer), and prefill chunks run the bfloat16 flash kernel on CPUs
-with AVX512-BF16 (about 2.5x torch's float32 flash kernel there; no mask tensor: a span's
-offset and window say what each query sees). Anything else stays on the torch path, and so
-does everything when the kernels are not loaded."""
+with AVX512-BF16 but no AMX (about 2.5x torch's float32 flash kernel there; no mask tensor:
+a span's offset and window say what each query sees). On a CPU with AMX, torch's flash
+kernel multiplies on oneDNN's bf16 tiles and is the faster one (3-5x the kernel, measured
+in docs/speed.md), so prefill chunks without sinks stay on the torch path there. Anything
+else stays on the torch path, and so does everything when the kernels are not loaded."""
 from __future__ import annotations
+
+import logging
 
 import torch
 
 from ..cpu import extension
+from ..cpu.features import cpu_info
 from .attention import AttnBatch, TorchAttention
 
 _NO_SINKS = torch.empty(0)
+log = logging.getLogger("mimo.engine")
+
+
+PREFILL_CHOICES = ("auto", "kernel", "torch")
+
+
+def torch_flash_first(flags: frozenset[str]) -> bool:
+    """'auto': whether torch's flash kernel takes the prefill chunks without sinks that
+    mimo's could take: on a CPU with AMX (its bf16 GEMMs run on the tiles). Chunks with
+    sinks stay on mimo's kernel wherever it runs (torch's flash kernel has no sinks; its
+    path then does plain float32 math)."""
+    return "amx_bf16" in flags
 
 
 class CPUAttention(TorchAttention):
-    def __init__(self, ext=None):
+    def __init__(self, ext=None, prefill: str = "auto"):
+        if prefill not in PREFILL_CHOICES:
+            raise ValueError(f"prefill must be one of {', '.join(PREFILL_CHOICES)}, "
+                             f"not {prefill!r}")
         self.ext = ext if ext is not None else extension.load()
         # The prefill kernel is in the avx512-vnni build and needs AVX512-BF16 to run (every
         # build answers `prefill_attention_ok`; the AVX2 one says no).
         self.prefill_kernel = self.ext is not None and bool(self.ext.prefill_attention_ok())
+        # 'kernel' / 'torch' force one path for every chunk the kernel could take.
+        self.torch_flash = prefill == "torch" or (prefill == "auto" and
+                                                  torch_flash_first(cpu_info().flags))
+        self.torch_sinks = prefill == "torch"
+        if self.prefill_kernel and self.torch_flash:
+            log.info("prefill attention: torch's flash kernel for chunks without sinks (%s)",
+                     "forced" if prefill == "torch" else "AMX: oneDNN's bf16 tiles")
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttnBatch, scale, sinks=None):
         if self.ext is None or q.device.type != "cpu":
@@ -36,7 +63,11 @@ class CPUAttention(TorchAttention):
                               scale, sinks)
             out.index_copy_(0, batch.decode_rows, od.to(q.dtype))
         sk = _NO_SINKS if sinks is None else sinks.float().contiguous()
+        on_torch = self.torch_sinks if sinks is not None else self.torch_flash
         for span in batch.prefills:
+            if on_torch:
+                out[span.rows] = self.prefill_span(q, k_cache, v_cache, span, scale, sinks)
+                continue
             out[span.rows] = self.ext.prefill_attention(
                 q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots, span.offset,
                 span.window, float(scale), sk).to(q.dtype)

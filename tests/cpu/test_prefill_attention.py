@@ -14,9 +14,23 @@ from helpers.attention_reference import softmax_attention
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
 from mimo.gpu.attention import build_attn_batch
-from mimo.gpu.cpu_attention import CPUAttention
+from mimo.gpu.cpu_attention import CPUAttention, torch_flash_first
 
 BF16_KERNEL = "avx512_bf16" in cpu_info().flags
+
+
+class Counting:
+    """The extension, counting the prefill kernel's calls (which path a chunk took)."""
+
+    def __init__(self, ext):
+        self.ext, self.calls = ext, 0
+
+    def __getattr__(self, name):
+        return getattr(self.ext, name)
+
+    def prefill_attention(self, *args):
+        self.calls += 1
+        return self.ext.prefill_attention(*args)
 
 
 # (row count n, start position, key floor, write_from): chunks of one step
@@ -25,7 +39,7 @@ SPANS = [(37, 0, 0, 0), (150, 200, 0, 0), (70, 530, 450, 0), (1, 90, 0, 0), (90,
          (1, 700, 0, 0), (5, 3, 0, 0)]
 
 
-def run_case(ext, dims, window, sinks, seed=5, spans=SPANS):
+def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
     """Build one mixed step, run it, and compare every row with the reference; returns
     the CPUAttention used (its `prefill_kernel` says which path ran)."""
     g = torch.Generator().manual_seed(seed)
@@ -51,7 +65,7 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS):
         vc[owner[i][start:start + n]] = v[r0:r0 + n]
     sink = (3 * torch.randn(Hq, generator=g)).to(dtype) if sinks else None
     scale = 1 / math.sqrt(D)
-    attn = CPUAttention(ext)
+    attn = CPUAttention(ext, prefill)
     out = attn.forward(q, k, v, kc, vc, batch, scale, sink)
     assert out.dtype == dtype and out.shape == (row, Hq, Dv)
     for i, (n, start, floor, _) in enumerate(spans):
@@ -67,15 +81,38 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
+@pytest.mark.parametrize("prefill", ["kernel", "torch"])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("window", [None, 40, 512])
 @pytest.mark.parametrize("dims", [(4, 1, 256, 256), (8, 2, 192, 128), (6, 3, 64, 64)])
-def test_prefill_matches_brute_force(isa, sinks, window, dims):
+def test_prefill_matches_brute_force(isa, prefill, sinks, window, dims):
+    """Each path forced: mimo's kernel (where the build and CPU have it) and torch's."""
     ext = extension.load(isa)
     assert ext is not None
-    attn = run_case(ext, dims, window, sinks)
+    counting = Counting(ext)
+    attn = run_case(counting, dims, window, sinks, prefill=prefill)
     # The kernel runs wherever it can: the avx512-vnni build on a CPU with AVX512-BF16.
     assert attn.prefill_kernel == (isa == "avx512-vnni" and BF16_KERNEL)
+    assert (counting.calls > 0) == (attn.prefill_kernel and prefill == "kernel")
+
+
+@pytest.mark.parametrize("sinks", [False, True])
+def test_auto_takes_torch_flash_on_amx_only_without_sinks(sinks):
+    """'auto': torch's flash kernel (oneDNN's AMX tiles) for chunks without sinks on a CPU
+    with AMX, mimo's kernel for the rest where it runs."""
+    assert torch_flash_first(frozenset({"avx512_bf16", "amx_bf16"}))
+    assert not torch_flash_first(frozenset({"avx512_bf16", "avx512_vnni"}))
+    ext = extension.load()
+    assert ext is not None
+    counting = Counting(ext)
+    attn = run_case(counting, (4, 1, 256, 256), 40, sinks, spans=SPANS[:3])
+    kernel = attn.prefill_kernel and (sinks or not torch_flash_first(cpu_info().flags))
+    assert (counting.calls > 0) == kernel
+
+
+def test_unknown_prefill_choice_is_refused():
+    with pytest.raises(ValueError, match="prefill must be one of"):
+        CPUAttention(extension.load(), "fast")
 
 
 def test_odd_value_dims_take_the_torch_path():
