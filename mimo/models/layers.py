@@ -16,6 +16,11 @@ INT8_MAX_ROWS = 8
 # kernels; larger ones (prefill) use the dense weight unless `prefill_blocks` is set (chosen
 # at start-up where the blocks' GEMM measured faster: engine/prefill_matmul.py).
 QUANT_MAX_ROWS = 16
+# Steps of at most this many rows that take the dense weight use its oneDNN-packed copy
+# (`w_packed`) where one was made (AMX CPUs, engine/prefill_matmul.py): torch's GEMM repacks
+# the weight on every call, which costs a 256-row product a third of its time there, and
+# from 384 rows on the packed call measured slower than the plain one.
+PACKED_MAX_ROWS = 256
 # Checkpoint tensors (names under a layer's prefix) that the shared modules stack by rows into
 # one Linear: attention.py's q/k/v, mlp.py's gate/up. A loader that lays each group out as
 # consecutive rows of one buffer in the model's dtype (gguf_loader) spares `stack_rows` a copy.
@@ -56,6 +61,13 @@ class Linear(nn.Module):
         self.w_scale: torch.Tensor | None = None
         self.qweight: QuantMatrix | None = None
         self.prefill_blocks = False     # steps of more than QUANT_MAX_ROWS rows use qweight too
+        self.w_packed: torch.Tensor | None = None     # oneDNN's layout of `weight` (pack())
+
+    def pack(self) -> None:
+        """Keep `weight` in oneDNN's packed layout too (an opaque mkldnn tensor, the same
+        values), for steps of up to PACKED_MAX_ROWS rows. Needs torch built with oneDNN."""
+        self.w_packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach().contiguous(),
+                                                                None)
 
     def quantize_int8(self) -> None:
         w = self.weight.detach().float()
@@ -75,6 +87,11 @@ class Linear(nn.Module):
             if rows <= INT8_MAX_ROWS:
                 y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, -1), self.w_int8, self.w_scale)
                 return y.reshape(*x.shape[:-1], -1)
+        if self.w_packed is not None and x.numel() // x.shape[-1] <= PACKED_MAX_ROWS:
+            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(),
+                                                   self.w_packed,
+                                                   None, "none", [], "")
+            return y.view(*x.shape[:-1], -1)
         return F.linear(x, self.weight)
 
 

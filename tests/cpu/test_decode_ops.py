@@ -164,13 +164,15 @@ def _greedy(llm, prompts, n=12):
 def _agree(llm, ref_llm, prompts, tie, n=24) -> int:
     """Greedy tokens of `llm` equal `ref_llm`'s up to the first step where the reference's
     top-2 margin is at most `tie` (a near-tie that float32 summation order may decide);
-    returns how many steps were compared."""
+    returns how many steps were compared. The margin is read from float32 log-probabilities
+    of bfloat16 logits, so "two bf16 steps" arrives as 0.25000006: `tie` is compared with
+    a float32 rounding's slack."""
     from mimo import SamplingParams
     params = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2)
     compared = 0
     for got, ref in zip(llm.generate(prompts, params), ref_llm.generate(prompts, params)):
         for step, lp in enumerate(ref.logprobs):
-            if lp.top[0][1] - lp.top[1][1] <= tie:
+            if lp.top[0][1] - lp.top[1][1] <= tie + 1e-4:
                 break
             assert got.token_ids[step] == ref.token_ids[step], (ref.prompt_token_ids, step)
             compared += 1
