@@ -109,9 +109,9 @@ def pack_short_steps(model: nn.Module, rt: RuntimeConfig, pick: PrefillMatmul,
 
 def choose(model: nn.Module, rt: RuntimeConfig, fmt: str, kernels: str,
            cpu_flags: frozenset[str]) -> PrefillMatmul:
-    """Decide and apply (each block Linear's `prefill_blocks`): `fmt` the weight format,
-    `kernels` and `cpu_flags` as auto_rule takes them. 'blocks' forced without blocks is
-    refused."""
+    """Decide and apply (each block Linear's `prefill_blocks`, and on AMX the packed dense
+    weights of `pack_short_steps`): `fmt` the weight format, `kernels` and `cpu_flags` as
+    auto_rule takes them. 'blocks' forced without blocks is refused."""
     lins = _block_linears(model)
     if rt.prefill_matmul == "blocks" and not lins:
         raise ConfigError(f"prefill_matmul=blocks needs gguf or q8_0 weights; they are {fmt}")
