@@ -1,6 +1,7 @@
-"""The plain layers' elementwise ops on the C++ kernels (csrc/elementwise.cpp) where they
-load: RMSNorm and the gated MLP's act(gate) * up, in the activation's dtype, one parallel
-pass each. Each function returns None when it does not apply (another device or dtype, no
+"""The plain layers' elementwise ops on the C++ kernels (csrc/elementwise.cpp,
+csrc/fused_norms.cpp) where they load: RMSNorm, the gated MLP's act(gate) * up, the q/k
+heads' norm with RoPE, and the residual sum with the norms around it, in the activation's
+dtype, one parallel pass each. Each function returns None when it does not apply (another device or dtype, no
 kernels), and the caller runs its PyTorch reference instead."""
 from __future__ import annotations
 
@@ -35,3 +36,38 @@ def act_mul(gu: torch.Tensor, act: str) -> torch.Tensor | None:
     two_i = gu.shape[-1]
     m = ext.act_mul_rows(gu.reshape(-1, two_i).contiguous(), ACTS[act])
     return m.view(*gu.shape[:-1], two_i // 2)
+
+
+def qk_norm_rope(qkv: torch.Tensor, heads: int, d: int, scale: torch.Tensor | None, eps: float,
+                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """The first `heads` heads of width d in qkv [T, C]: RMSNorm by `scale` (float32
+    [heads, d]; None: no norm), then rotate-half RoPE by tables cos/sin [T, d] in qkv's
+    dtype (sin with the sign folded in): [T, heads, d], rounded as the modules round."""
+    ok = (_applies(qkv) and qkv.dim() == 2 and cos.dtype == qkv.dtype == sin.dtype
+          and (scale is None or scale.dtype == torch.float32))
+    ext = extension.load() if ok else None
+    if ext is None:
+        return None
+    empty = torch.empty(0)
+    return ext.qk_norm_rope_rows(qkv.contiguous(), heads, d,
+                                 empty if scale is None else scale.contiguous(), float(eps),
+                                 cos.contiguous(), sin.contiguous())
+
+
+def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w1: torch.Tensor | None,
+                 w2: torch.Tensor | None, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(x + rms_norm(h) * w1, rms_norm(that) * w2) for the float32 residual stream x [T, n]
+    and a block's output h (float32 or bfloat16; its norm rounded to its dtype): w1 None
+    adds h itself, w2 None skips the second norm. Scales float32 [n]."""
+    ok = (_applies(x) and x.dtype == torch.float32 and x.dim() == 2 and h.shape == x.shape
+          and h.dtype in (torch.float32, torch.bfloat16)
+          and all(w is None or w.dtype == torch.float32 for w in (w1, w2)))
+    ext = extension.load() if ok else None
+    if ext is None:
+        return None
+    empty = torch.empty(0)
+    xn, y = ext.add_rms_norm_rows(x.contiguous(), h.contiguous(),
+                                  empty if w1 is None else w1.contiguous(),
+                                  empty if w2 is None else w2.contiguous(), float(eps))
+    return xn, (None if w2 is None else y)

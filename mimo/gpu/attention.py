@@ -213,7 +213,13 @@ class TorchAttention(AttentionBackend):
         qp = q[span.rows].transpose(0, 1).unsqueeze(0)                        # [1, Hq, n, D]
         kp = k_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
         vp = v_cache.index_select(0, span.kv_slots).transpose(0, 1).unsqueeze(0)
-        if span.blocks is None or len(span.blocks) == 1 or span.mask is None:
+        n, L = qp.shape[2], kp.shape[2]
+        if sinks is None and span.offset == 0 and n == L and (span.window == 0 or n <= span.window):
+            # The mask is the plain causal triangle (a chunk from its sequence's first key):
+            # no mask tensor, and the flash kernel skips the blocks above the diagonal.
+            op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
+                                                enable_gqa=qp.shape[1] != kp.shape[1])
+        elif span.blocks is None or len(span.blocks) == 1 or span.mask is None:
             op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
         else:
             op = torch.cat([_sdpa(qp[:, :, r], kp[:, :, c], vp[:, :, c], span.mask[r, c],

@@ -62,11 +62,8 @@ class Attention(nn.Module):
         if self.qkv_bias is not None:
             qkv = qkv + self.qkv_bias
         nqk = (self.hq + self.hkv) * self.d
-        # One RoPE call covers the q and k heads side by side.
-        qk = qkv[:, :nqk].view(T, self.hq + self.hkv, self.d)
-        if self.qk_norm is not None:
-            qk = self.qk_norm(qk)
-        qk = Rotary.rotate(qk, rope)
+        # One norm and RoPE call covers the q and k heads side by side.
+        qk = Rotary.norm_rotate(qkv, self.hq + self.hkv, self.d, self.qk_norm, rope)
         q, k = qk[:, :self.hq], qk[:, self.hq:]
         v = qkv[:, nqk:].view(T, self.hkv, self.dv)
         if self.v_scale != 1.0:

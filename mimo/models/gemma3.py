@@ -18,7 +18,7 @@ from .architecture import GGUF_LAYER_NAMES, Architecture, GGUFFormat, eos_ids
 from .attention import Attention
 from .decoder import DecoderLM
 from .gguf_file import GGUFFile
-from .layers import RMSNorm, Rotary
+from .layers import RMSNorm, Rotary, add_norm
 from .mlp import GatedMLP
 from .tiny import gemma3 as tiny
 
@@ -42,9 +42,10 @@ class Gemma3Layer(nn.Module):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
                 backend: AttentionBackend) -> torch.Tensor:
         h = self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
-        x = x + self.post_attn_norm(h)
-        h = self.mlp(self.pre_ff_norm(x))
-        return x + self.post_ff_norm(h)
+        x, y = add_norm(x, h, self.post_attn_norm, self.pre_ff_norm)
+        assert y is not None
+        x, _ = add_norm(x, self.mlp(y), self.post_ff_norm, None)
+        return x
 
 
 class Gemma3ForCausalLM(DecoderLM):

@@ -115,6 +115,23 @@ class RMSNorm(nn.Module):
         return (F.rms_norm(x.float(), (self.dim,), None, self.eps) * self.scale).to(x.dtype)
 
 
+def add_norm(x: torch.Tensor, h: torch.Tensor, norm_h: RMSNorm | None,
+             norm_sum: RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The residual step `x + norm_h(h)` (h itself where norm_h is None) and `norm_sum` of
+    that sum (None where norm_sum is None): one C++ pass over the float32 residual stream
+    where it applies (Gemma-style norms of one epsilon), the same values as the modules."""
+    norms = [n for n in (norm_h, norm_sum) if n is not None]
+    if all(type(n) is RMSNorm and n.scale.dim() == 1 for n in norms) \
+            and len({n.eps for n in norms}) <= 1:
+        eps = norms[0].eps if norms else 0.0
+        fused = elementwise.add_rms_norm(x, h, None if norm_h is None else norm_h.scale,
+                                         None if norm_sum is None else norm_sum.scale, eps)
+        if fused is not None:
+            return fused
+    x = x + (h if norm_h is None else norm_h(h))
+    return x, (None if norm_sum is None else norm_sum(x))
+
+
 class LlamaRMSNorm(RMSNorm):
     """RMSNorm scaled by w itself (HF's LlamaRMSNorm). `scale` holds w exactly rather than
     (w - 1) + 1. As in transformers, the float32 normalised value is cast back to the
@@ -159,6 +176,26 @@ class Rotary(nn.Module):
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return (self.cos.index_select(0, positions).unsqueeze(1),
                 self.sin.index_select(0, positions).unsqueeze(1))
+
+    @staticmethod
+    def norm_rotate(qkv: torch.Tensor, heads: int, d: int, norm: RMSNorm | None,
+                    tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """The first `heads` heads of width d in qkv [T, C], each normed by `norm` (Gemma's
+        per-head RMSNorm, scale [heads, d]; None: none) and rotated: [T, heads, d]. One C++
+        pass where it applies (the same rounding), else the two modules."""
+        cos, sin = tables
+        T = qkv.shape[0]
+        plain = norm is None or (type(norm) is RMSNorm and tuple(norm.scale.shape) == (heads, d))
+        if plain and cos.dim() == 3 and cos.shape[1] == 1 and cos.shape[-1] == d:
+            y = elementwise.qk_norm_rope(qkv, heads, d, None if norm is None else norm.scale,
+                                         norm.eps if norm is not None else 0.0,
+                                         cos.view(T, d), sin.view(T, d))
+            if y is not None:
+                return y
+        x = qkv[:, :heads * d].view(T, heads, d)
+        if norm is not None:
+            x = norm(x)
+        return Rotary.rotate(x, tables)
 
     @staticmethod
     def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -2,7 +2,7 @@
 scattered cache slots, decode rows with padded key counts of several lengths in one batch,
 GQA, a sliding window, attention sinks, decode rows batched alone and beside a prefill chunk
 long enough to go to SDPA in several query blocks, one of them starting above a key floor
-(a window rebuild's)."""
+(a window rebuild's), and chunks from a sequence's first position (the causal call)."""
 from __future__ import annotations
 
 import math
@@ -47,8 +47,10 @@ def test_decode_rows_match_brute_force(dtype, sinks, window, with_prefill):
     chunks = []                                  # (handle, first row, start, n, floor)
     if with_prefill:
         # A 300-token chunk at positions 50..349 (3 query blocks of PREFILL_QUERY_BLOCK),
-        # and a 20-token one at 30..49 whose keys start at a floor of 25.
-        for h, start, n, floor in (("p", 50, 300, 0), ("f", 30, 20, 25)):
+        # a 20-token one at 30..49 whose keys start at a floor of 25, and two from their
+        # sequences' first positions (plain causal; the longer one past the window of 40).
+        for h, start, n, floor in (("p", 50, 300, 0), ("f", 30, 20, 25), ("z", 0, 35, 0),
+                                   ("y", 0, 60, 0)):
             owner[h] = perm[base:base + start + n]
             base += start + n
             seqs.append((T, start, n, h, floor, 0))
@@ -56,7 +58,7 @@ def test_decode_rows_match_brute_force(dtype, sinks, window, with_prefill):
             T += n
     batch = build_attn_batch(seqs, window, lambda h, a, b: owner[h][a:b], "cpu", dtype)
     if with_prefill:
-        assert [len(sp.blocks) for sp in batch.prefills] == [3, 1]
+        assert [len(sp.blocks) for sp in batch.prefills] == [3, 1, 1, 1]
     q = torch.randn(T, Hq, D, generator=g).to(dtype)
     k = torch.randn(T, Hkv, D, generator=g).to(dtype)
     v = torch.randn(T, Hkv, Dv, generator=g).to(dtype)

@@ -8,6 +8,7 @@
 // product with up rounded again. They differ from torch only by the order of the float32
 // sum of squares and by a few ulp of tanh/exp before rounding.
 #include "kernels.h"
+#include "rows_io.h"
 #include "vec_math.h"
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -17,36 +18,12 @@
 namespace {
 
 using mimo_vec::act8;
-
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline __m256 load8(const at::BFloat16* p) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// Rounded to nearest even, as c10::BFloat16 rounds finite values.
-inline void store8(at::BFloat16* p, __m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
-    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
-}
-
-// One value through the same vector code (tails), so tails round exactly as the body.
-template <typename T>
-inline float tail_load(const T* p) { return static_cast<float>(*p); }
-inline __m256 one_lane(float x) { return _mm256_set_ps(0, 0, 0, 0, 0, 0, 0, x); }
-template <typename T>
-inline void tail_store(T* p, __m256 v) { *p = static_cast<T>(_mm256_cvtss_f32(v)); }
-
-inline __m256 as_dtype(__m256 v, bool bf16) {
-    if (!bf16) return v;
-    alignas(32) at::BFloat16 b[8];
-    store8(b, v);
-    return load8(b);
-}
+using mimo_rows::as_dtype;
+using mimo_rows::load8;
+using mimo_rows::one_lane;
+using mimo_rows::store8;
+using mimo_rows::tail_load;
+using mimo_rows::tail_store;
 
 template <typename T>
 void rms_rows(const T* x, const float* scale, int64_t scale_rows, T* y, int64_t rows,
@@ -56,19 +33,9 @@ void rms_rows(const T* x, const float* scale, int64_t scale_rows, T* y, int64_t 
             const T* xr = x + r * n;
             const float* w = scale + (r % scale_rows) * n;
             T* yr = y + r * n;
-            __m256 acc = _mm256_setzero_ps();
+            const __m256 inv = _mm256_set1_ps(mimo_rows::inv_rms(xr, n, eps));
             int64_t i = 0;
-            for (; i + 8 <= n; i += 8) {
-                const __m256 v = load8(xr + i);
-                acc = _mm256_fmadd_ps(v, v, acc);
-            }
-            alignas(32) float part[8];
-            _mm256_store_ps(part, acc);
-            float ss = 0.f;
-            for (float p : part) ss += p;
-            for (; i < n; ++i) ss += tail_load(xr + i) * tail_load(xr + i);
-            const __m256 inv = _mm256_set1_ps(1.f / std::sqrt(ss / n + eps));
-            for (i = 0; i + 8 <= n; i += 8)
+            for (; i + 8 <= n; i += 8)
                 store8(yr + i, _mm256_mul_ps(_mm256_mul_ps(load8(xr + i), inv), load8(w + i)));
             for (; i < n; ++i)
                 tail_store(yr + i, _mm256_mul_ps(_mm256_mul_ps(one_lane(tail_load(xr + i)), inv),
@@ -76,6 +43,20 @@ void rms_rows(const T* x, const float* scale, int64_t scale_rows, T* y, int64_t 
         }
     });
 }
+
+#ifdef __AVX512F__
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+// Rounded to nearest even (bf16_round16), then the high halves packed.
+inline void store16(at::BFloat16* p, __m512 v) {
+    const __m512i u = _mm512_srli_epi32(_mm512_castps_si512(mimo_vec::bf16_round16(v)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(u));
+}
+#endif
 
 template <typename T>
 void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) {
@@ -85,6 +66,14 @@ void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) 
             const T* u = g + I;
             T* mr = m + r * I;
             int64_t i = 0;
+#ifdef __AVX512F__
+            // 16 lanes where the build has them: the same operations per element as below.
+            for (; i + 16 <= I; i += 16) {
+                __m512 a = mimo_vec::act16(load16(g + i), gelu);
+                if (bf16) a = mimo_vec::bf16_round16(a);
+                store16(mr + i, _mm512_mul_ps(a, load16(u + i)));
+            }
+#endif
             for (; i + 8 <= I; i += 8)
                 store8(mr + i, _mm256_mul_ps(as_dtype(act8(load8(g + i), gelu), bf16), load8(u + i)));
             for (; i < I; ++i)

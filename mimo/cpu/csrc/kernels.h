@@ -35,3 +35,14 @@ bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& scale, double eps);
 // act(gate) * up of gu [T, 2I] in gu's dtype, each rounded to it as the plain layer rounds.
 torch::Tensor act_mul_rows(const torch::Tensor& gu, const std::string& act);
+
+// RMSNorm (per-head scale [heads, d]; empty: none) then rotate-half RoPE of the first
+// heads * d columns of qkv [T, C], tables cos/sin [T, d] in its dtype: [T, heads, d].
+torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t d,
+                                const torch::Tensor& scale, double eps, const torch::Tensor& cos,
+                                const torch::Tensor& sin);
+// x [T, n] float32 + rms_norm(h, w1) (w1 empty: h itself), and rms_norm(that sum, w2) (w2
+// empty: not computed, an empty tensor): {sum, normed}, both float32.
+std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& h,
+                                             const torch::Tensor& w1, const torch::Tensor& w2,
+                                             double eps);

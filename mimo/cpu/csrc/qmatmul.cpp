@@ -296,5 +296,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::call_guard<py::gil_scoped_release>());
     m.def("act_mul_rows", &act_mul_rows, "act(gate) * up of [T, 2I] in its dtype (bf16/f32)",
           py::call_guard<py::gil_scoped_release>());
+    m.def("qk_norm_rope_rows", &qk_norm_rope_rows,
+          "q/k heads' RMSNorm then RoPE, from the qkv rows (bf16/f32)",
+          py::call_guard<py::gil_scoped_release>());
+    m.def("add_rms_norm_rows", &add_rms_norm_rows,
+          "the residual sum x + rms_norm(h) and the next norm of it, in one pass",
+          py::call_guard<py::gil_scoped_release>());
     m.def("isa", &isa, "the instruction set this build was compiled for");
 }
