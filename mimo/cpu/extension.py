@@ -27,7 +27,7 @@ _CSRC = Path(__file__).parent / "csrc"
 _SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "qtile256.cpp",
                               "qgemm512.cpp", "attention.cpp", "decode_ops.cpp",
                               "decode_attention.cpp", "prefill_attention.cpp",
-                              "elementwise.cpp", "fused_norms.cpp")]
+                              "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp")]
 _HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qdecode512.h", "kernels.h",
                                  "vec_math.h", "rows_io.h")]
 _FLAGS = {

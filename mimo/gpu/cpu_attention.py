@@ -31,6 +31,13 @@ def torch_flash_first(flags: frozenset[str]) -> bool:
     return "amx_bf16" in flags
 
 
+def _rows_fit(src: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether `write_rows` copies src's rows into cache as they are: same dtype, each row
+    one contiguous block, a contiguous cache."""
+    return (src.dtype == cache.dtype and cache.is_contiguous() and src.shape[0] > 0
+            and src.shape[1:] == cache.shape[1:] and src[0].is_contiguous())
+
+
 class CPUAttention(TorchAttention):
     def __init__(self, ext=None, prefill: str = "auto"):
         if prefill not in PREFILL_CHOICES:
@@ -72,6 +79,15 @@ class CPUAttention(TorchAttention):
                 q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots, span.offset,
                 span.window, float(scale), sk).to(q.dtype)
         return out
+
+    def write(self, k, v, k_cache, v_cache, batch: AttnBatch) -> None:
+        """The step's new K/V into the caches: the C++ row copy (one thread, no parallel
+        region to wake) where every row is written, else torch's index_copy_."""
+        if self.ext is None or batch.write_rows is not None or k.device.type != "cpu" \
+                or not all(_rows_fit(src, cache) for src, cache in ((k, k_cache), (v, v_cache))):
+            return super().write(k, v, k_cache, v_cache, batch)
+        self.ext.write_rows(k_cache, batch.write_slots, k)
+        self.ext.write_rows(v_cache, batch.write_slots, v)
 
     def _prefill_fits(self, q, k_cache, v_cache) -> bool:
         bf16 = torch.bfloat16

@@ -46,3 +46,6 @@ torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& h,
                                              const torch::Tensor& w1, const torch::Tensor& w2,
                                              double eps);
+
+// cache[slots[i]] = src[i] (rows: the first dim; src's rows each one contiguous block).
+void write_rows(torch::Tensor& cache, const torch::Tensor& slots, const torch::Tensor& src);

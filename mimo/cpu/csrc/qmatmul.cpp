@@ -302,5 +302,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("add_rms_norm_rows", &add_rms_norm_rows,
           "the residual sum x + rms_norm(h) and the next norm of it, in one pass",
           py::call_guard<py::gil_scoped_release>());
+    m.def("write_rows", &write_rows, "cache[slots[i]] = src[i], one thread",
+          py::call_guard<py::gil_scoped_release>());
     m.def("isa", &isa, "the instruction set this build was compiled for");
 }
