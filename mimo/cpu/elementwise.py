@@ -1,8 +1,9 @@
 """The plain layers' elementwise ops on the C++ kernels (csrc/elementwise.cpp,
 csrc/fused_norms.cpp) where they load: RMSNorm, the gated MLP's act(gate) * up, the q/k
 heads' norm with RoPE, and the residual sum with the norms around it, in the activation's
-dtype, one parallel pass each. Each function returns None when it does not apply (another device or dtype, no
-kernels), and the caller runs its PyTorch reference instead."""
+dtype, one parallel pass each. Each function returns None when it does not apply (another
+device or dtype, no kernels, autograd recording), and the caller runs its PyTorch
+reference instead."""
 from __future__ import annotations
 
 import torch
