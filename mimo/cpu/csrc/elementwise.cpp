@@ -20,6 +20,10 @@ namespace {
 using mimo_vec::act8;
 using mimo_rows::as_dtype;
 using mimo_rows::load8;
+#ifdef __AVX512F__
+using mimo_rows::load16;
+using mimo_rows::store16;
+#endif
 using mimo_rows::one_lane;
 using mimo_rows::store8;
 using mimo_rows::tail_load;
@@ -44,19 +48,6 @@ void rms_rows(const T* x, const float* scale, int64_t scale_rows, T* y, int64_t 
     });
 }
 
-#ifdef __AVX512F__
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const at::BFloat16* p) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-// Rounded to nearest even (bf16_round16), then the high halves packed.
-inline void store16(at::BFloat16* p, __m512 v) {
-    const __m512i u = _mm512_srli_epi32(_mm512_castps_si512(mimo_vec::bf16_round16(v)), 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(u));
-}
-#endif
 
 template <typename T>
 void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) {

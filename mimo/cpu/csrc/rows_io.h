@@ -1,5 +1,6 @@
-// Loading and storing 8 activations of either dtype as float32 lanes, shared by the row
-// kernels (elementwise.cpp, fused_norms.cpp). AVX2 + FMA, which every build has.
+// Loading and storing 8 activations of either dtype as float32 lanes (16 in the AVX-512
+// builds), shared by the row kernels (elementwise.cpp, fused_norms.cpp); the 8-lane code is
+// AVX2 + FMA, which every build has.
 #pragma once
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
@@ -16,14 +17,28 @@ inline __m256 load8(const at::BFloat16* p) {
 }
 
 inline void store8(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-// Rounded to nearest even, as c10::BFloat16 rounds finite values.
+// Rounded to nearest even, as c10::BFloat16 rounds finite values (bf16_round8), then the
+// high halves packed.
 inline void store8(at::BFloat16* p, __m256 v) {
-    __m256i u = _mm256_castps_si256(v);
-    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    u = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+    const __m256i u = _mm256_srli_epi32(_mm256_castps_si256(mimo_vec::bf16_round8(v)), 16);
     const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), packed);
 }
+
+#ifdef __AVX512F__
+// The same on 16 lanes, for the AVX-512 builds.
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+// Rounded to nearest even (bf16_round16), then the high halves packed.
+inline void store16(at::BFloat16* p, __m512 v) {
+    const __m512i u = _mm512_srli_epi32(_mm512_castps_si512(mimo_vec::bf16_round16(v)), 16);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(u));
+}
+#endif
 
 // One value through the same vector code (tails), so tails round exactly as the body.
 template <typename T>
