@@ -11,6 +11,7 @@ import torch
 from . import extension
 
 ACTS = {"gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}     # HF name -> the kernel's
+_EMPTY = torch.empty(0)     # the kernels' "none" for an optional tensor
 
 
 def _applies(x: torch.Tensor) -> bool:
@@ -49,9 +50,8 @@ def qk_norm_rope(qkv: torch.Tensor, heads: int, d: int, scale: torch.Tensor | No
     ext = extension.load() if ok else None
     if ext is None:
         return None
-    empty = torch.empty(0)
     return ext.qk_norm_rope_rows(qkv.contiguous(), heads, d,
-                                 empty if scale is None else scale.contiguous(), float(eps),
+                                 _EMPTY if scale is None else scale.contiguous(), float(eps),
                                  cos.contiguous(), sin.contiguous())
 
 
@@ -67,8 +67,7 @@ def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w1: torch.Tensor | None,
     ext = extension.load() if ok else None
     if ext is None:
         return None
-    empty = torch.empty(0)
     xn, y = ext.add_rms_norm_rows(x.contiguous(), h.contiguous(),
-                                  empty if w1 is None else w1.contiguous(),
-                                  empty if w2 is None else w2.contiguous(), float(eps))
+                                  _EMPTY if w1 is None else w1.contiguous(),
+                                  _EMPTY if w2 is None else w2.contiguous(), float(eps))
     return xn, (None if w2 is None else y)

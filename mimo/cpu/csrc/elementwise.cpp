@@ -37,17 +37,10 @@ void rms_rows(const T* x, const float* scale, int64_t scale_rows, T* y, int64_t 
             const T* xr = x + r * n;
             const float* w = scale + (r % scale_rows) * n;
             T* yr = y + r * n;
-            const __m256 inv = _mm256_set1_ps(mimo_rows::inv_rms(xr, n, eps));
-            int64_t i = 0;
-            for (; i + 8 <= n; i += 8)
-                store8(yr + i, _mm256_mul_ps(_mm256_mul_ps(load8(xr + i), inv), load8(w + i)));
-            for (; i < n; ++i)
-                tail_store(yr + i, _mm256_mul_ps(_mm256_mul_ps(one_lane(tail_load(xr + i)), inv),
-                                                 one_lane(w[i])));
+            mimo_rows::norm_row(xr, w, n, eps, false, yr);
         }
     });
 }
-
 
 template <typename T>
 void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) {
@@ -74,13 +67,14 @@ void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) 
     });
 }
 
+
+}  // namespace
+
 void check_rows(const torch::Tensor& x, const char* name) {
     TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && !x.is_cuda() &&
                 (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat32),
                 name, " must be a contiguous 2-D bfloat16 or float32 CPU tensor");
 }
-
-}  // namespace
 
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& scale, double eps) {
     check_rows(x, "x");

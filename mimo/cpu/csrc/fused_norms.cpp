@@ -13,7 +13,6 @@
 namespace {
 
 using mimo_rows::as_dtype;
-using mimo_rows::inv_rms;
 using mimo_rows::load8;
 using mimo_rows::one_lane;
 using mimo_rows::store8;
@@ -23,20 +22,10 @@ using mimo_rows::tail_store;
 // buf[0, n) = dtype((x * inv) * w), or x itself without a scale.
 template <typename T>
 void normed(const T* x, const float* w, int64_t n, float eps, bool bf16, float* buf) {
-    if (w == nullptr) {
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, load8(x + i));
-        for (; i < n; ++i) buf[i] = tail_load(x + i);
-        return;
-    }
-    const __m256 inv = _mm256_set1_ps(inv_rms(x, n, eps));
+    if (w != nullptr) return mimo_rows::norm_row(x, w, n, eps, bf16, buf);
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(buf + i, as_dtype(_mm256_mul_ps(_mm256_mul_ps(load8(x + i), inv),
-                                                         _mm256_loadu_ps(w + i)), bf16));
-    for (; i < n; ++i)
-        buf[i] = _mm256_cvtss_f32(as_dtype(_mm256_mul_ps(_mm256_mul_ps(one_lane(tail_load(x + i)),
-                                                                       inv), one_lane(w[i])), bf16));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(buf + i, load8(x + i));
+    for (; i < n; ++i) buf[i] = tail_load(x + i);
 }
 
 // Rotate-half RoPE of buf [d] into y: x * cos + flip_halves(x) * sin, sin with the sign
@@ -96,11 +85,6 @@ void add_norm_rows(const float* x, const T* h, const float* w1, const float* w2,
     });
 }
 
-bool is_act(const torch::Tensor& t) {
-    return t.dim() == 2 && t.is_contiguous() && !t.is_cuda() &&
-           (t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat32);
-}
-
 const float* scale_or_null(const torch::Tensor& s, int64_t numel, const char* name) {
     if (s.numel() == 0) return nullptr;
     TORCH_CHECK(s.scalar_type() == torch::kFloat32 && s.is_contiguous() && s.numel() == numel,
@@ -113,7 +97,7 @@ const float* scale_or_null(const torch::Tensor& s, int64_t numel, const char* na
 torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t d,
                                 const torch::Tensor& scale, double eps, const torch::Tensor& cos,
                                 const torch::Tensor& sin) {
-    TORCH_CHECK(is_act(qkv), "qkv must be a contiguous 2-D bfloat16 or float32 CPU tensor");
+    check_rows(qkv, "qkv");
     TORCH_CHECK(heads > 0 && d > 0 && d % 2 == 0 && heads * d <= qkv.size(1),
                 "heads * d (d even) must fit in qkv's columns");
     const int64_t T = qkv.size(0);
@@ -137,9 +121,10 @@ torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& h,
                                              const torch::Tensor& w1, const torch::Tensor& w2,
                                              double eps) {
-    TORCH_CHECK(is_act(x) && x.scalar_type() == torch::kFloat32,
-                "x must be a contiguous 2-D float32 CPU tensor (the residual stream)");
-    TORCH_CHECK(is_act(h) && h.sizes() == x.sizes(), "h must be contiguous, x's shape, bf16 or f32");
+    check_rows(x, "x");
+    check_rows(h, "h");
+    TORCH_CHECK(x.scalar_type() == torch::kFloat32, "x must be float32 (the residual stream)");
+    TORCH_CHECK(h.sizes() == x.sizes(), "h must have x's shape");
     const int64_t rows = x.size(0), n = x.size(1);
     const float* a = scale_or_null(w1, n, "w1");
     const float* b = scale_or_null(w2, n, "w2");

@@ -31,6 +31,8 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
                                 const torch::Tensor& sinks);
 bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-BF16)
 
+// Refuses (naming `name`) anything but a contiguous 2-D bfloat16 or float32 CPU tensor.
+void check_rows(const torch::Tensor& x, const char* name);
 // x [R, n] (bf16 or f32) * rsqrt(mean(x^2) + eps) * scale[r % scale_rows], in x's dtype.
 torch::Tensor rms_norm_rows(const torch::Tensor& x, const torch::Tensor& scale, double eps);
 // act(gate) * up of gu [T, 2I] in gu's dtype, each rounded to it as the plain layer rounds.

@@ -70,4 +70,17 @@ inline float inv_rms(const T* x, int64_t n, float eps) {
     return 1.f / std::sqrt(ss / n + eps);
 }
 
+// y[0, n) = (x * inv_rms) * w, rounded to the dtype when `round` (the plain norm rounds
+// once; a bfloat16 y rounds again on the store, exactly). Every norm kernel writes a row so.
+template <typename T, typename O>
+inline void norm_row(const T* x, const float* w, int64_t n, float eps, bool round, O* y) {
+    const __m256 inv = _mm256_set1_ps(inv_rms(x, n, eps));
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        store8(y + i, as_dtype(_mm256_mul_ps(_mm256_mul_ps(load8(x + i), inv), load8(w + i)), round));
+    for (; i < n; ++i)
+        tail_store(y + i, as_dtype(_mm256_mul_ps(_mm256_mul_ps(one_lane(tail_load(x + i)), inv),
+                                                 one_lane(w[i])), round));
+}
+
 }  // namespace mimo_rows
