@@ -1,11 +1,12 @@
 """The torch backend with the C++ kernels (mimo/cpu) where they apply: decode rows read
 keys and values in place from the pool through each sequence's slots (no gathered copy,
-no padded SDPA call per layer), and prefill chunks run the bfloat16 flash kernel on CPUs
-with AVX512-BF16 but no AMX (about 2.5x torch's float32 flash kernel there; no mask tensor:
-a span's offset and window say what each query sees). On a CPU with AMX, torch's flash
-kernel multiplies on oneDNN's bf16 tiles and is the faster one (3-5x the kernel, measured
-in docs/speed.md), so prefill chunks without sinks stay on the torch path there. Anything
-else stays on the torch path, and so does everything when the kernels are not loaded."""
+no padded SDPA call per layer), and prefill chunks run one of mimo's flash kernels, chosen
+by the CPU: on AMX, the one on oneDNN's brgemm tiles (`prefill_attention_amx`: 1.5-1.9x
+torch's flash kernel on Gemma 3's chunks, which takes an explicit mask for every chunk
+that starts mid-sequence or sits in a window); with AVX512-BF16 but no AMX, the bfloat16
+dot-product one (about 2.5x torch's float32 flash kernel there). No mask tensor either
+way: a span's offset and window say what each query sees. Anything else stays on the
+torch path, and so does everything when the kernels are not loaded."""
 from __future__ import annotations
 
 import logging
@@ -20,15 +21,21 @@ _NO_SINKS = torch.empty(0)
 log = logging.getLogger("mimo.engine")
 
 
-PREFILL_CHOICES = ("auto", "kernel", "torch")
+# 'amx' / 'kernel' (the bf16 dot-product kernel) / 'torch' force one path for every chunk a
+# kernel could take, where the build and CPU have it (else torch's); 'auto' picks by CPU.
+PREFILL_CHOICES = ("auto", "amx", "kernel", "torch")
 
 
-def torch_flash_first(flags: frozenset[str]) -> bool:
-    """'auto': whether torch's flash kernel takes the prefill chunks without sinks that
-    mimo's could take: on a CPU with AMX (its bf16 GEMMs run on the tiles). Chunks with
-    sinks stay on mimo's kernel wherever it runs (torch's flash kernel has no sinks; its
-    path then does plain float32 math)."""
-    return "amx_bf16" in flags
+def prefill_path(choice: str, ext, flags: frozenset[str]) -> str:
+    """The path prefill chunks take: 'amx', 'kernel' or 'torch'."""
+    if choice not in PREFILL_CHOICES:
+        raise ValueError(f"prefill must be one of {', '.join(PREFILL_CHOICES)}, "
+                         f"not {choice!r}")
+    amx = ext is not None and bool(ext.prefill_attention_amx_ok()) and "amx_bf16" in flags
+    bf16 = ext is not None and bool(ext.prefill_attention_ok())
+    if choice == "auto":
+        return "amx" if amx else "kernel" if bf16 else "torch"
+    return choice if {"amx": amx, "kernel": bf16, "torch": True}[choice] else "torch"
 
 
 def _rows_fit(src: torch.Tensor, cache: torch.Tensor) -> bool:
@@ -40,20 +47,11 @@ def _rows_fit(src: torch.Tensor, cache: torch.Tensor) -> bool:
 
 class CPUAttention(TorchAttention):
     def __init__(self, ext=None, prefill: str = "auto"):
-        if prefill not in PREFILL_CHOICES:
-            raise ValueError(f"prefill must be one of {', '.join(PREFILL_CHOICES)}, "
-                             f"not {prefill!r}")
         self.ext = ext if ext is not None else extension.load()
-        # The prefill kernel is in the avx512-vnni build and needs AVX512-BF16 to run (every
-        # build answers `prefill_attention_ok`; the AVX2 one says no).
-        self.prefill_kernel = self.ext is not None and bool(self.ext.prefill_attention_ok())
-        # 'kernel' / 'torch' force one path for every chunk the kernel could take.
-        self.torch_flash = prefill == "torch" or (prefill == "auto" and
-                                                  torch_flash_first(cpu_info().flags))
-        self.torch_sinks = prefill == "torch"
-        if self.prefill_kernel and self.torch_flash:
-            log.info("prefill attention: torch's flash kernel for chunks without sinks (%s)",
-                     "forced" if prefill == "torch" else "AMX: oneDNN's bf16 tiles")
+        self.prefill = prefill_path(prefill, self.ext, cpu_info().flags)
+        if self.prefill != "torch":
+            log.info("prefill attention: mimo's %s kernel",
+                     "AMX (oneDNN brgemm)" if self.prefill == "amx" else "AVX512-BF16")
 
     def forward(self, q, k, v, k_cache, v_cache, batch: AttnBatch, scale, sinks=None):
         if self.ext is None or q.device.type != "cpu":
@@ -70,14 +68,11 @@ class CPUAttention(TorchAttention):
                               scale, sinks)
             out.index_copy_(0, batch.decode_rows, od.to(q.dtype))
         sk = _NO_SINKS if sinks is None else sinks.float().contiguous()
-        on_torch = self.torch_sinks if sinks is not None else self.torch_flash
+        kernel = (self.ext.prefill_attention_amx if self.prefill == "amx"
+                  else self.ext.prefill_attention)
         for span in batch.prefills:
-            if on_torch:
-                out[span.rows] = self.prefill_span(q, k_cache, v_cache, span, scale, sinks)
-                continue
-            out[span.rows] = self.ext.prefill_attention(
-                q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots, span.offset,
-                span.window, float(scale), sk).to(q.dtype)
+            out[span.rows] = kernel(q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots,
+                                    span.offset, span.window, float(scale), sk).to(q.dtype)
         return out
 
     def write(self, k, v, k_cache, v_cache, batch: AttnBatch) -> None:
@@ -91,7 +86,7 @@ class CPUAttention(TorchAttention):
 
     def _prefill_fits(self, q, k_cache, v_cache) -> bool:
         bf16 = torch.bfloat16
-        return (self.prefill_kernel and q.dtype == bf16 and k_cache.dtype == bf16
+        return (self.prefill != "torch" and q.dtype == bf16 and k_cache.dtype == bf16
                 and v_cache.dtype == bf16 and k_cache.is_contiguous()
                 and v_cache.is_contiguous() and q.shape[-1] % 2 == 0
                 and v_cache.shape[-1] % 64 == 0)

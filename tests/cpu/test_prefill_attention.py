@@ -1,8 +1,9 @@
-"""Prefill attention through CPUAttention (the bfloat16 flash kernel where the build and
-CPU have it, torch's path elsewhere) against a brute-force float64 softmax over each
-query's own keys: several prefill chunks and decode rows in one batch, chunks that start
-mid-sequence, a sliding window, a key floor (a window rebuild), rows whose K/V are already
-cached, GQA, key and value head dims that differ (MiMo-V2-Flash's 192/128 shape), sinks."""
+"""Prefill attention through CPUAttention (mimo's AMX kernel and its bfloat16 dot-product
+kernel where the build and CPU have them, torch's path elsewhere) against a brute-force
+float64 softmax over each query's own keys: several prefill chunks and decode rows in one
+batch, chunks that start mid-sequence, a sliding window, a key floor (a window rebuild),
+rows whose K/V are already cached, GQA, key and value head dims that differ
+(MiMo-V2-Flash's 192/128 shape), sinks."""
 from __future__ import annotations
 
 import math
@@ -14,16 +15,17 @@ from helpers.attention_reference import softmax_attention
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
 from mimo.gpu.attention import build_attn_batch
-from mimo.gpu.cpu_attention import CPUAttention, torch_flash_first
+from mimo.gpu.cpu_attention import CPUAttention, prefill_path
 
 BF16_KERNEL = "avx512_bf16" in cpu_info().flags
+AMX = BF16_KERNEL and "amx_bf16" in cpu_info().flags
 
 
 class Counting:
-    """The extension, counting the prefill kernel's calls (which path a chunk took)."""
+    """The extension, counting each prefill kernel's calls (which path a chunk took)."""
 
     def __init__(self, ext):
-        self.ext, self.calls = ext, 0
+        self.ext, self.calls, self.amx_calls = ext, 0, 0
 
     def __getattr__(self, name):
         return getattr(self.ext, name)
@@ -31,6 +33,10 @@ class Counting:
     def prefill_attention(self, *args):
         self.calls += 1
         return self.ext.prefill_attention(*args)
+
+    def prefill_attention_amx(self, *args):
+        self.amx_calls += 1
+        return self.ext.prefill_attention_amx(*args)
 
 
 # (row count n, start position, key floor, write_from): chunks of one step
@@ -41,7 +47,7 @@ SPANS = [(37, 0, 0, 0), (150, 200, 0, 0), (70, 530, 450, 0), (1, 90, 0, 0), (90,
 
 def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
     """Build one mixed step, run it, and compare every row with the reference; returns
-    the CPUAttention used (its `prefill_kernel` says which path ran)."""
+    the CPUAttention used (its `prefill` says which path ran)."""
     g = torch.Generator().manual_seed(seed)
     Hq, Hkv, D, Dv = dims
     dtype = torch.bfloat16
@@ -81,33 +87,65 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
-@pytest.mark.parametrize("prefill", ["kernel", "torch"])
+@pytest.mark.parametrize("prefill", ["amx", "kernel", "torch"])
 @pytest.mark.parametrize("sinks", [False, True])
 @pytest.mark.parametrize("window", [None, 40, 512])
 @pytest.mark.parametrize("dims", [(4, 1, 256, 256), (8, 2, 192, 128), (6, 3, 64, 64)])
 def test_prefill_matches_brute_force(isa, prefill, sinks, window, dims):
-    """Each path forced: mimo's kernel (where the build and CPU have it) and torch's."""
+    """Each path forced: mimo's kernels (where the build and CPU have them) and torch's."""
     ext = extension.load(isa)
     assert ext is not None
     counting = Counting(ext)
     attn = run_case(counting, dims, window, sinks, prefill=prefill)
-    # The kernel runs wherever it can: the avx512-vnni build on a CPU with AVX512-BF16.
-    assert attn.prefill_kernel == (isa == "avx512-vnni" and BF16_KERNEL)
-    assert (counting.calls > 0) == (attn.prefill_kernel and prefill == "kernel")
+    # A kernel runs wherever it can: the avx512-vnni build on a CPU with AVX512-BF16 (and
+    # AMX for the brgemm one); elsewhere the chunks take torch's path.
+    vnni = isa == "avx512-vnni"
+    runs = {"amx": vnni and AMX, "kernel": vnni and BF16_KERNEL, "torch": True}[prefill]
+    assert attn.prefill == (prefill if runs else "torch")
+    assert (counting.calls > 0) == (runs and prefill == "kernel")
+    assert (counting.amx_calls > 0) == (runs and prefill == "amx")
 
 
+# Longer chunks than SPANS': the brgemm kernel's blocks (128 keys under a window, 256
+# without) and tiles (32 positions at 4 query heads per KV head) are crossed many times,
+# mid-sequence starts land off the block grid, and a chunk is longer than the window.
+LONG_SPANS = [(700, 0, 0, 0), (300, 1100, 0, 0), (257, 515, 0, 0), (1, 900, 0, 0)]
+
+
+@pytest.mark.skipif(not AMX, reason="the brgemm kernel runs on AMX CPUs only (this has none)")
 @pytest.mark.parametrize("sinks", [False, True])
-def test_auto_takes_torch_flash_on_amx_only_without_sinks(sinks):
-    """'auto': torch's flash kernel (oneDNN's AMX tiles) for chunks without sinks on a CPU
-    with AMX, mimo's kernel for the rest where it runs."""
-    assert torch_flash_first(frozenset({"avx512_bf16", "amx_bf16"}))
-    assert not torch_flash_first(frozenset({"avx512_bf16", "avx512_vnni"}))
+@pytest.mark.parametrize("window", [None, 512, 100])
+def test_amx_long_chunks_match_brute_force(sinks, window):
+    counting = Counting(extension.load("avx512-vnni"))
+    attn = run_case(counting, (4, 1, 256, 256), window, sinks, seed=11, spans=LONG_SPANS,
+                    prefill="amx")
+    assert attn.prefill == "amx" and counting.amx_calls == 3
+
+
+def test_auto_picks_by_cpu():
+    """'auto': the brgemm kernel on AMX, the dot-product kernel with AVX512-BF16 alone,
+    torch's path without kernels."""
+
+    class Ext:
+        def __init__(self, amx, bf16):
+            self.prefill_attention_amx_ok = lambda: amx
+            self.prefill_attention_ok = lambda: bf16
+
+    amx_cpu = frozenset({"avx512_bf16", "amx_bf16"})
+    assert prefill_path("auto", Ext(True, True), amx_cpu) == "amx"
+    assert prefill_path("auto", Ext(True, True), frozenset({"avx512_bf16"})) == "kernel"
+    assert prefill_path("auto", Ext(False, True), amx_cpu) == "kernel"
+    assert prefill_path("auto", Ext(False, False), amx_cpu) == "torch"
+    assert prefill_path("auto", None, amx_cpu) == "torch"
+    assert prefill_path("amx", Ext(False, True), amx_cpu) == "torch"
     ext = extension.load()
     assert ext is not None
     counting = Counting(ext)
-    attn = run_case(counting, (4, 1, 256, 256), 40, sinks, spans=SPANS[:3])
-    kernel = attn.prefill_kernel and (sinks or not torch_flash_first(cpu_info().flags))
-    assert (counting.calls > 0) == kernel
+    attn = run_case(counting, (4, 1, 256, 256), 40, False, spans=SPANS[:3])
+    assert attn.prefill == ("amx" if AMX else "kernel" if BF16_KERNEL and ext.isa() ==
+                            "avx512-vnni" else "torch")
+    assert (counting.amx_calls > 0) == (attn.prefill == "amx")
+    assert (counting.calls > 0) == (attn.prefill == "kernel")
 
 
 def test_unknown_prefill_choice_is_refused():
@@ -119,31 +157,34 @@ def test_odd_value_dims_take_the_torch_path():
     ext = extension.load()
     assert ext is not None
     attn = run_case(ext, (4, 2, 32, 40), 40, True, spans=SPANS[:3])
+    assert attn.prefill != "torch" or not BF16_KERNEL
     assert not attn._prefill_fits(torch.empty(1, 4, 32, dtype=torch.bfloat16),
                                   torch.empty(1, 2, 32, dtype=torch.bfloat16),
                                   torch.empty(1, 2, 40, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
-def test_bad_inputs_are_refused(isa):
+@pytest.mark.parametrize("kernel", ["prefill_attention", "prefill_attention_amx"])
+def test_bad_inputs_are_refused(isa, kernel):
     ext = extension.load(isa)
     assert ext is not None
+    run, ok = getattr(ext, kernel), getattr(ext, kernel + "_ok")()
     bf = torch.bfloat16
     q = torch.randn(4, 2, 64).to(bf)
     kc, vc = torch.randn(10, 1, 64).to(bf), torch.randn(10, 1, 64).to(bf)
     none = torch.empty(0)
-    if not ext.prefill_attention_ok():       # the AVX2 build, or a CPU without AVX512-BF16
+    if not ok:       # the AVX2 build, or a CPU without AVX512-BF16 (or AMX)
         with pytest.raises(RuntimeError, match="avx512-vnni build only|AVX512-BF16"):
-            ext.prefill_attention(q, kc, vc, torch.arange(4), 0, 0, 1.0, none)
+            run(q, kc, vc, torch.arange(4), 0, 0, 1.0, none)
         return
     with pytest.raises(RuntimeError, match="slot out of range"):
-        ext.prefill_attention(q, kc, vc, torch.tensor([1, 2, 3, 10]), 0, 0, 1.0, none)
+        run(q, kc, vc, torch.tensor([1, 2, 3, 10]), 0, 0, 1.0, none)
     with pytest.raises(RuntimeError, match="bfloat16"):
-        ext.prefill_attention(q.float(), kc, vc, torch.arange(4), 0, 0, 1.0, none)
+        run(q.float(), kc, vc, torch.arange(4), 0, 0, 1.0, none)
     with pytest.raises(RuntimeError, match="within the keys"):
-        ext.prefill_attention(q, kc, vc, torch.arange(4), 1, 0, 1.0, none)
+        run(q, kc, vc, torch.arange(4), 1, 0, 1.0, none)
     with pytest.raises(RuntimeError, match="sinks"):
-        ext.prefill_attention(q, kc, vc, torch.arange(4), 0, 0, 1.0, torch.zeros(3))
+        run(q, kc, vc, torch.arange(4), 0, 0, 1.0, torch.zeros(3))
     with pytest.raises(RuntimeError, match="multiple of KV heads"):
-        ext.prefill_attention(torch.randn(4, 3, 64).to(bf), torch.randn(10, 2, 64).to(bf),
-                              torch.randn(10, 2, 64).to(bf), torch.arange(4), 0, 0, 1.0, none)
+        run(torch.randn(4, 3, 64).to(bf), torch.randn(10, 2, 64).to(bf),
+            torch.randn(10, 2, 64).to(bf), torch.arange(4), 0, 0, 1.0, none)

@@ -30,6 +30,13 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
                                 int64_t offset, int64_t window, double scale,
                                 const torch::Tensor& sinks);
 bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-BF16)
+// The same on oneDNN's brgemm (AMX tiles); prefill_attention_amx_ok: this build has it and
+// torch's brgemm runs bf16 here.
+torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                    const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                    int64_t offset, int64_t window, double scale,
+                                    const torch::Tensor& sinks);
+bool prefill_attention_amx_ok();
 
 // Refuses (naming `name`) anything but a contiguous 2-D bfloat16 or float32 CPU tensor.
 void check_rows(const torch::Tensor& x, const char* name);

@@ -292,6 +292,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::call_guard<py::gil_scoped_release>());
     m.def("prefill_attention_ok", &prefill_attention_ok,
           "whether this build has prefill_attention and the CPU runs it");
+    m.def("prefill_attention_amx", &prefill_attention_amx,
+          "prefill_attention on oneDNN's brgemm (AMX tiles)",
+          py::call_guard<py::gil_scoped_release>());
+    m.def("prefill_attention_amx_ok", &prefill_attention_amx_ok,
+          "whether this build has prefill_attention_amx and torch's bf16 brgemm runs here");
     m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row in its dtype (bf16/f32)",
           py::call_guard<py::gil_scoped_release>());
     m.def("act_mul_rows", &act_mul_rows, "act(gate) * up of [T, 2I] in its dtype (bf16/f32)",
