@@ -2,7 +2,11 @@
 torch (tests/engine/test_scheduler.py drives it on bookkeeping-only pools).
 
 Each step: every running request in decode gets its one token, then prefill chunks (running
-requests first, then newly admitted ones in queue order) fill the rest of the token budget.
+requests first, then newly admitted ones in queue order) take the token budget
+(`max_num_batched_tokens`), less any speculative drafts. The decodes' own tokens ride on top:
+a step costs about the same with a few more rows, and charging them to the budget ended
+prompts a few tokens past a step's edge, their first token one whole step later (16 prompts
+of 256 tokens arriving at once: the 8th finished in the 5th step, not the 4th).
 
 Admission (`SchedulerConfig.admission`) 'reserve' reserves each request's worst case, below;
 'optimistic' reserves only the full pages of its prefill plus one, and before each step
@@ -186,15 +190,16 @@ class Scheduler:
         out: list[ScheduledChunk] = []
         if self.cfg.admission == "optimistic":
             self._preempt_for_decode()
-        # Every decode gets its own token before any draft: drafts share what is left.
-        spare = budget - sum(not s.in_prefill for s in self.running)
+        # Every decode gets its own token, on top of the budget; drafts share the budget
+        # with this step's prefill chunks.
+        spare = budget
         # Pages the decodes not yet scheduled need for their own token: drafts never take
         # them (with optimistic admission the pool may hold exactly that much).
         own = {id(s): self.pool.pages_to_grow(s.running_kv, s.num_computed + 1)
                for s in self.running if not s.in_prefill} if drafts else {}
         later = [sum(f for f, _ in own.values()), sum(w for _, w in own.values())]
         for seq in self.running:
-            if not seq.in_prefill and budget > 0:
+            if not seq.in_prefill:
                 d = drafts.get(seq, []) if drafts else []
                 # A step emits at most len(d) + 1 tokens: never more than max_tokens allows.
                 d = d[:max(0, min(self.num_draft, spare, seq.max_len - seq.num_tokens - 1))]
@@ -206,7 +211,7 @@ class Scheduler:
                     d = d[:-1]
                 spare -= len(d)
                 out.append(self._chunk(seq, 1 + len(d), d))
-                budget -= 1 + len(d)
+                budget -= len(d)
         for seq in self.running:
             if seq.in_prefill and budget > 0:
                 self._current = seq

@@ -64,24 +64,24 @@ def test_the_scheduler_and_its_bookkeeping_import_no_torch():
     assert r.returncode == 0, r.stderr
 
 
-def test_decodes_go_first_and_prefill_chunks_fill_the_rest_of_the_budget():
+def test_decodes_go_first_and_prefill_chunks_take_the_budget():
+    """A decode's own token rides on top of the budget: b's chunks are whole budgets."""
     h = Harness(chunk=32)
     a = h.add(_tokens(10), max_tokens=8)
     first = h.step()
     assert [(c.seq, c.start, c.n, c.sample) for c in first] == [(a, 0, 10, True)]
     b = h.add(_tokens(100, 1), max_tokens=2)
-    b_chunks = 0
+    sizes = []
     while b.in_prefill:
         chunks = h.step()
-        assert sum(c.n for c in chunks) <= 32
         if any(c.seq is a for c in chunks):
             assert chunks[0].seq is a and chunks[0].n == 1      # a's token before b's chunk
         for c in chunks:
             if c.seq is b:
-                b_chunks += 1
+                sizes.append(c.n)
                 assert c.start + c.n <= len(b.prompt_ids)
                 assert c.sample == (c.start + c.n == len(b.prompt_ids))
-    assert b_chunks == 4        # 31 + 31 + 31 + 7 beside a's decodes (32 once a is done)
+    assert sizes == [32, 32, 32, 4]     # beside a's decodes, which take none of the budget
     h.run()
     assert a.output_ids == continuation(a.prompt_ids, 8)
     assert b.output_ids == continuation(b.prompt_ids, 2)
@@ -192,6 +192,13 @@ def _pages_match_computed(h):
             f"request {s.id}: pages beyond its computed tokens (rollback missed)"
 
 
+def _budget_used(chunks) -> int:
+    """Tokens a step charges to its budget: drafts and prefill chunks share it; each
+    decode's own token is extra."""
+    return sum(len(c.draft) if c.draft else c.n if c.start < len(c.seq.prompt_ids) else 0
+               for c in chunks)
+
+
 @pytest.mark.parametrize("quality", ["right", "wrong", "half"])
 def test_drafts_are_verified_and_rejected_ones_rolled_back(quality):
     rng = random.Random(7)
@@ -212,6 +219,7 @@ def test_drafts_are_verified_and_rejected_ones_rolled_back(quality):
         steps += 1
         for c in chunks:
             assert len(c.draft) <= 3 and c.n == 1 + len(c.draft) or not c.draft
+        assert _budget_used(chunks) <= 24
         _pages_match_computed(h)
     h.check_idle()
     assert [s.output_ids for s in seqs] == _expected(prompts, 17)    # never past max_tokens
