@@ -69,6 +69,24 @@ class LMHead(nn.Module):
         """float32 logits [rows, vocab]."""
         return self.linear(h).float()
 
+    def _argmax_bf16(self, h: torch.Tensor, logits: torch.Tensor) -> list[int]:
+        """The argmax of float32 logits from bf16 ones: the bf16 product rounds each logit
+        to 8 bits (0.125 apart at 16-32), so the best ones can tie, or swap within a step.
+        Every token within one bf16 step of a row's best is rescored in float32 (the same
+        bf16 weights) and the best of those wins, the lower id on a tie."""
+        best = logits.max(dim=1).values                                           # [rows]
+        step = torch.exp2(torch.floor(torch.log2(best.abs().clamp(min=2.0 ** -120))) - 7)
+        out = []
+        w = self.linear.weight
+        for r in range(logits.shape[0]):
+            cand = torch.nonzero(logits[r] >= best[r] - step[r]).view(-1)
+            if cand.numel() <= 1:
+                out.append(int(cand[0]) if cand.numel() else int(torch.argmax(logits[r])))
+                continue
+            exact = w.index_select(0, cand).float() @ h[r].float()
+            out.append(int(cand[torch.argmax(exact)]))
+        return out
+
     def _weights_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The int8 weights and their row scales (quantize_int8 sets both)."""
         w8, s8 = self.linear.w_int8, self.linear.w_scale
@@ -95,6 +113,8 @@ class LMHead(nn.Module):
             logits = self.logits(h)
             if allowed is not None:
                 logits.masked_fill_(~allowed[:, :logits.shape[1]], float("-inf"))
+            if self.linear.weight.dtype == torch.bfloat16:
+                return self._argmax_bf16(h, logits)
             return torch.argmax(logits, dim=-1).tolist()
         if not self._ready:
             self._prepare()

@@ -71,3 +71,29 @@ def test_int4_screen_needs_int8_and_whole_groups():
     assert not LMHead(Linear(torch.randn(100, 64))).screen_int4()
     assert not _head(torch.randn(112, 48)).screen_int4()     # 48 is not a multiple of 32
     assert not _head(torch.randn(100, 64)).screen_int4()     # 100 rows: not 16-row tiles
+
+
+def test_bf16_logits_that_tie_are_rescored_in_float32():
+    """bf16 logits sit 0.125 apart at 16-32: two tokens whose float32 logits are 20.01 and
+    20.05 both round to 20.0, and a plain argmax takes the lower id. The head rescores the
+    tokens within one bf16 step of the best in float32: the float64 argmax wins."""
+    g = torch.Generator().manual_seed(3)
+    h = torch.zeros(2, 64, dtype=torch.bfloat16)
+    h[:, :2] = 1.0
+    w = torch.randn(500, 64, generator=g) * 0.1
+    w[:, 0] = torch.rand(500, generator=g) * 10          # logits 0..10 from the first column
+    w[7, :2] = torch.tensor([20.0, 0.01])
+    w[300, :2] = torch.tensor([20.0, 0.05])
+    h[1, 2] = 1.0                                         # row 1: a third column moves all
+    head = LMHead(Linear(w.to(torch.bfloat16)))
+    bf = head.linear(h)
+    assert bf[0, 7] == bf[0, 300]                         # the bf16 logits tie
+    want = torch.argmax(h.double() @ head.linear.weight.double().T, dim=-1).tolist()
+    assert want[0] == 300
+    assert head.greedy(h) == want
+    # a grammar's mask still applies: with 300 disallowed, 7 wins
+    allowed = torch.ones(2, 500, dtype=torch.bool)
+    allowed[:, 300] = False
+    masked = h.double() @ head.linear.weight.double().T
+    masked[:, 300] = float("-inf")
+    assert head.greedy(h, allowed) == torch.argmax(masked, dim=-1).tolist()
