@@ -5,10 +5,11 @@
 //
 // Why not torch's flash kernel: it takes an explicit mask for a window's band or a chunk
 // that starts mid-sequence, computes every masked block, and handles one head per row
-// block. Here a tile's rows are all the heads sharing one KV head at TQ positions (GQA:
-// every row of the tile reads the same keys, so the tile is 4x taller at Gemma 3's 4:1),
-// and a tile visits only the key blocks its rows see; masking is done on the scores of the
-// two edge blocks only. P is rounded to bf16 for P V, as both other kernels round it.
+// block. Here a tile's rows are all the heads sharing one KV head at TILE_ROWS / rep
+// positions (GQA: every row of the tile reads the same keys, so the tile is 4x taller at
+// Gemma 3's 4:1), a tile visits only the key blocks its rows see, and only blocks that some
+// row sees in part (the band's two edges) are masked. P is rounded to bf16 for P V, as both
+// other kernels round it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>

@@ -53,8 +53,8 @@ inline __m256 bf16_round8(__m256 v) {
 #ifdef __AVX512F__
 // exp16 / act16 / bf16_round16: the same operations as exp8 / act8 / bf16_round8 in the same
 // order on 16 lanes (the AVX-512 builds), so either width gives the same bits per element.
-// (prefill_attention.cpp keeps its own exp16: scalef for the power of two and no upper
-// clamp, compiled for AVX512-BF16; it need not match exp8.)
+// (the prefill attention kernels keep their own exp16, in prefill_span.h: scalef for the
+// power of two and no upper clamp, compiled for AVX512-BF16; it need not match exp8.)
 inline __m512 exp16(__m512 x) {
     x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
     const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
