@@ -105,7 +105,8 @@ def _cache_flags(g: argparse._ArgumentGroup) -> None:
 def _scheduler_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=512,
-                   help="token budget of one step (prefill chunk size)")
+                   help="prefill (and draft) tokens of one step, the prefill chunk size; "
+                        "each decoding request's own token comes on top")
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
     g.add_argument("--policy", default="compute-aware", choices=["compute-aware", "fcfs"],
                    help="waiting-queue order: fewest uncached prompt tokens first (with aging), "

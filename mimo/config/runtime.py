@@ -54,8 +54,9 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Continuous batching: at most `max_num_seqs` running requests; each step schedules at
-    most `max_num_batched_tokens` tokens (decode tokens first, then prefill chunks).
+    """Continuous batching: at most `max_num_seqs` running requests; each step gives every
+    decoding request its token, then schedules at most `max_num_batched_tokens` tokens of
+    prefill chunks and speculative drafts (the decodes' own tokens come on top).
 
     `policy` orders the waiting queue: 'fcfs', or 'compute-aware' (fewest uncached prompt
     tokens first; a request's priority improves by `aging_per_second` tokens per second of
