@@ -96,40 +96,14 @@ MIMO_BF16 void tile(const uint16_t* q, const uint32_t* kpack, const uint16_t* vp
     int64_t jlo, jhi, unused;
     visible(s, i0, jlo, unused);
     visible(s, i1 - 1, unused, jhi);
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 vs = _mm512_set1_ps(scale);
     for (int64_t b = jlo / TK; b * TK < jhi; ++b) {
         const uint32_t* kp = kpack + (g * s.nblk + b) * TK * P;
         for (int64_t r = 0; r < Rq; r += ROWS_QK) scores(qrow.data() + r, kp, P, S.data() + r * TK);
-        for (int64_t r = 0; r < R; ++r) {
-            const __m512i j0 = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(b * TK)));
-            const __m512i j1 = _mm512_add_epi32(j0, _mm512_set1_epi32(16));
-            const __m512i vlo = _mm512_set1_epi32(static_cast<int>(lo[r]));
-            const __m512i vhi = _mm512_set1_epi32(static_cast<int>(hi[r]));
-            const __mmask16 k0 = _mm512_cmpge_epi32_mask(j0, vlo) & _mm512_cmplt_epi32_mask(j0, vhi);
-            const __mmask16 k1 = _mm512_cmpge_epi32_mask(j1, vlo) & _mm512_cmplt_epi32_mask(j1, vhi);
-            uint32_t* pr = Pp.data() + r * (TK / 2);
-            if (!(k0 | k1)) {
-                std::memset(pr, 0, sizeof(uint32_t) * (TK / 2));
-                continue;
-            }
-            const __m512 vs = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(NEG_INF);
-            const __m512 s0 = _mm512_mask_mul_ps(ninf, k0, _mm512_loadu_ps(S.data() + r * TK), vs);
-            const __m512 s1 = _mm512_mask_mul_ps(ninf, k1, _mm512_loadu_ps(S.data() + r * TK + 16), vs);
-            const float mnew = std::max(m[r], _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)));
-            const __m512 vm = _mm512_set1_ps(mnew);
-            const __m512 p0 = _mm512_maskz_mov_ps(k0, exp16(_mm512_sub_ps(s0, vm)));
-            const __m512 p1 = _mm512_maskz_mov_ps(k1, exp16(_mm512_sub_ps(s1, vm)));
-            const float alpha = m[r] == NEG_INF ? 0.f : std::exp(m[r] - mnew);
-            l[r] = l[r] * alpha + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
-            if (alpha != 1.f) {
-                float* o = O.data() + r * s.Dv;
-                const __m512 va = _mm512_set1_ps(alpha);
-                for (int64_t d = 0; d < s.Dv; d += 16)
-                    _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), va));
-            }
-            m[r] = mnew;
-            _mm512_storeu_si512(pr, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-        }
+        for (int64_t r = 0; r < R; ++r)
+            softmax_row<TK / 16, false>(S.data() + r * TK, b * TK, lo[r], hi[r], false, vs,
+                                        m[r], l[r], O.data() + r * s.Dv, s.Dv,
+                                        reinterpret_cast<uint16_t*>(Pp.data() + r * (TK / 2)));
         const uint16_t* vp = vpack + (g * s.nblk + b) * TK * s.Dv;
         for (int64_t r = 0; r < Rv; r += ROWS_PV)
             values(Pp.data() + r * (TK / 2), vp, s.Dv, O.data() + r * s.Dv);

@@ -36,22 +36,6 @@ namespace cpublas = at::native::cpublas;
 constexpr int64_t KB_WINDOW = 128, KB_FULL = 256;
 constexpr int64_t TILE_ROWS = 128;  // rows of a tile (positions x heads per KV head), at most
 
-// 2^x for 16 floats: x rounded to an integer plus a fraction in [-0.5, 0.5], 2^fraction by
-// its Taylor series to the 6th power (relative error ~1e-7), the integer by scalef. The
-// softmax runs in base 2 (scores times scale * log2 e): a shorter exp than exp16's.
-MIMO_BF16 inline __m512 exp2_16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
-    const __m512 fx = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512 r = _mm512_sub_ps(x, fx);
-    __m512 y = _mm512_set1_ps(1.5403530393e-4f);
-    for (float c : {1.3333558146e-3f, 9.6181291076e-3f, 5.5504108665e-2f, 2.4022650696e-1f,
-                    6.9314718056e-1f, 1.f})
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
-    return _mm512_scalef_ps(y, fx);
-}
-
-constexpr float LOG2E = 1.44269504088896341f;
-
 struct Scratch {
     std::vector<uint16_t> Q, P;   // [R, D] the tile's query rows; [R, KB] P in bf16
     std::vector<float> S, O, m, l;
@@ -85,8 +69,7 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
     const auto* Qb = reinterpret_cast<const at::BFloat16*>(w.Q.data());
     const auto* Pb = reinterpret_cast<const at::BFloat16*>(w.P.data());
     const int64_t jlo = w.lo[0], jhi = w.hi[R - 1];
-    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    const __m512 vs = _mm512_set1_ps(scale * LOG2E), ninf = _mm512_set1_ps(NEG_INF);
+    const __m512 vs = _mm512_set1_ps(scale * LOG2E);   // the softmax in base 2
     for (int64_t b = jlo / KB; b * KB < jhi; ++b) {
         const int64_t j0 = b * KB;
         const auto* kp = reinterpret_cast<const at::BFloat16*>(kpack + (g * s.nblk + b) * KB * s.D);
@@ -94,46 +77,10 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
         cpublas::brgemm(R, KB, s.D, s.D, KB, KB, false, Qb, kp, w.S.data());
         // Every row sees the whole block: no masks (the interior of a window's band).
         const bool whole = lo_max <= j0 && j0 + KB <= hi_min;
-        for (int64_t r = 0; r < R; ++r) {
-            float* S = w.S.data() + r * KB;
-            __mmask16 k[KB / 16];
-            __m512 v[KB / 16];
-            __m512 mx = ninf;
-            for (int64_t c = 0; c < KB / 16; ++c) {
-                if (whole) {
-                    k[c] = 0xFFFF;
-                } else {
-                    const __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(j0 + 16 * c)));
-                    k[c] = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(w.lo[r]))) &
-                           _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(w.hi[r])));
-                }
-                v[c] = _mm512_mask_mul_ps(ninf, k[c], _mm512_loadu_ps(S + 16 * c), vs);
-                mx = _mm512_max_ps(mx, v[c]);
-            }
-            uint16_t* pr = w.P.data() + r * KB;
-            const float mnew = std::max(w.m[r], _mm512_reduce_max_ps(mx));
-            if (mnew == NEG_INF) {              // nothing seen yet, nothing in this block
-                std::memset(pr, 0, KB * sizeof(uint16_t));
-                continue;
-            }
-            const __m512 vm = _mm512_set1_ps(mnew);
-            __m512 sum = _mm512_setzero_ps();
-            for (int64_t c = 0; c < KB / 16; c += 2) {
-                const __m512 p0 = _mm512_maskz_mov_ps(k[c], exp2_16(_mm512_sub_ps(v[c], vm)));
-                const __m512 p1 = _mm512_maskz_mov_ps(k[c + 1], exp2_16(_mm512_sub_ps(v[c + 1], vm)));
-                sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-                _mm512_storeu_si512(pr + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
-            }
-            const float alpha = w.m[r] == NEG_INF ? 0.f : std::exp2(w.m[r] - mnew);
-            w.l[r] = w.l[r] * alpha + _mm512_reduce_add_ps(sum);
-            if (alpha != 1.f) {
-                float* o = w.O.data() + r * s.Dv;
-                const __m512 va = _mm512_set1_ps(alpha);
-                for (int64_t d = 0; d < s.Dv; d += 16)
-                    _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), va));
-            }
-            w.m[r] = mnew;
-        }
+        for (int64_t r = 0; r < R; ++r)
+            softmax_row<KB / 16, true>(w.S.data() + r * KB, j0, w.lo[r], w.hi[r], whole, vs,
+                                       w.m[r], w.l[r], w.O.data() + r * s.Dv, s.Dv,
+                                       w.P.data() + r * KB);
         cpublas::brgemm(R, s.Dv, KB, KB, s.Dv, s.Dv, true, Pb, vp, w.O.data());
     }
     for (int64_t r = 0; r < R; ++r) {

@@ -1,12 +1,14 @@
 // What the two prefill attention kernels share (prefill_attention.cpp: vdpbf16ps dot
 // products; prefill_attention_amx.cpp: oneDNN's brgemm on AMX tiles): the span's shape and
-// its argument checks, the keys a query sees, the packed key and value blocks, exp of 16
-// floats. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
+// its argument checks, the keys a query sees, the packed key and value blocks, exp and 2^x
+// of 16 floats, one row's step of the online softmax. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #define MIMO_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
@@ -67,6 +69,71 @@ MIMO_BF16 inline __m512 exp16(__m512 x) {
         y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(c));
     y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
     return _mm512_scalef_ps(y, fx);
+}
+
+// 2^x for 16 floats: x rounded to an integer plus a fraction in [-0.5, 0.5], 2^fraction by
+// its Taylor series to the 6th power (relative error ~1e-7), the integer by scalef.
+MIMO_BF16 inline __m512 exp2_16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-126.f));
+    const __m512 fx = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_sub_ps(x, fx);
+    __m512 y = _mm512_set1_ps(1.5403530393e-4f);
+    for (float c : {1.3333558146e-3f, 9.6181291076e-3f, 5.5504108665e-2f, 2.4022650696e-1f,
+                    6.9314718056e-1f, 1.f})
+        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(c));
+    return _mm512_scalef_ps(y, fx);
+}
+
+constexpr float LOG2E = 1.44269504088896341f;
+
+// One row's step of the online softmax over a block of 16 * NV scores S (keys j0 ..): keys
+// outside [lo, hi) masked (every one visible when `whole`), scores times `vs`; the row's
+// running max m and sum l updated, its output row O [Dv] rescaled where m grew, and the
+// block's weights written to P (16 * NV bf16). BASE2: m, `vs` and the weights in base 2
+// (exp2_16), else in base e (exp16).
+template <int64_t NV, bool BASE2>
+MIMO_BF16 inline void softmax_row(const float* S, int64_t j0, int64_t lo, int64_t hi,
+                                  bool whole, __m512 vs, float& m, float& l, float* O,
+                                  int64_t Dv, uint16_t* P) {
+    static_assert(NV % 2 == 0, "weights are stored two vectors at a time");
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512 ninf = _mm512_set1_ps(NEG_INF);
+    __mmask16 k[NV];
+    __m512 v[NV];
+    __m512 mx = ninf;
+    for (int64_t c = 0; c < NV; ++c) {
+        if (whole) {
+            k[c] = 0xFFFF;
+        } else {
+            const __m512i j = _mm512_add_epi32(lane, _mm512_set1_epi32(static_cast<int>(j0 + 16 * c)));
+            k[c] = _mm512_cmpge_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(lo))) &
+                   _mm512_cmplt_epi32_mask(j, _mm512_set1_epi32(static_cast<int>(hi)));
+        }
+        v[c] = _mm512_mask_mul_ps(ninf, k[c], _mm512_loadu_ps(S + 16 * c), vs);
+        mx = _mm512_max_ps(mx, v[c]);
+    }
+    const float mnew = std::max(m, _mm512_reduce_max_ps(mx));
+    if (mnew == NEG_INF) {              // nothing seen yet, nothing in this block
+        std::memset(P, 0, 16 * NV * sizeof(uint16_t));
+        return;
+    }
+    const __m512 vm = _mm512_set1_ps(mnew);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t c = 0; c < NV; c += 2) {
+        const __m512 x0 = _mm512_sub_ps(v[c], vm), x1 = _mm512_sub_ps(v[c + 1], vm);
+        const __m512 p0 = _mm512_maskz_mov_ps(k[c], BASE2 ? exp2_16(x0) : exp16(x0));
+        const __m512 p1 = _mm512_maskz_mov_ps(k[c + 1], BASE2 ? exp2_16(x1) : exp16(x1));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        _mm512_storeu_si512(P + 16 * c, (__m512i)_mm512_cvtne2ps_pbh(p1, p0));
+    }
+    const float alpha = m == NEG_INF ? 0.f : BASE2 ? std::exp2(m - mnew) : std::exp(m - mnew);
+    l = l * alpha + _mm512_reduce_add_ps(sum);
+    if (alpha != 1.f) {
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (int64_t d = 0; d < Dv; d += 16)
+            _mm512_storeu_ps(O + d, _mm512_mul_ps(_mm512_loadu_ps(O + d), va));
+    }
+    m = mnew;
 }
 
 // Block b (TK keys) of KV head g in the pair-interleaved ("VNNI") layouts both products
