@@ -104,9 +104,13 @@ def _cache_flags(g: argparse._ArgumentGroup) -> None:
 
 def _scheduler_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-num-seqs", type=int, default=64, help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=int, default=512,
+    g.add_argument("--max-num-batched-tokens", type=int, default=1536,
                    help="prefill (and draft) tokens of one step, the prefill chunk size; "
                         "each decoding request's own token comes on top")
+    g.add_argument("--max-mixed-batched-tokens", type=int, default=512,
+                   help="the same while any request is decoding (each decoding stream waits "
+                        "for the step); a chunk this size always fits the SWA pool, a larger "
+                        "one only in free pages")
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
     g.add_argument("--policy", default="compute-aware", choices=["compute-aware", "fcfs"],
                    help="waiting-queue order: fewest uncached prompt tokens first (with aging), "
@@ -175,7 +179,8 @@ def engine_opts(a: argparse.Namespace) -> dict:
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,
                 window_rebuild=a.window_rebuild, tool_pause_hold=a.tool_pause_hold,
-                max_num_batched_tokens=a.max_num_batched_tokens, max_model_len=a.max_model_len,
+                max_num_batched_tokens=a.max_num_batched_tokens,
+                max_mixed_batched_tokens=a.max_mixed_batched_tokens, max_model_len=a.max_model_len,
                 num_threads=a.threads, device=a.device, policy=a.policy,
                 aging_per_second=a.aging_per_second, admission=a.admission,
                 length_buckets=_buckets(a.length_buckets),

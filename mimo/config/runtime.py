@@ -56,14 +56,18 @@ class CacheConfig:
 class SchedulerConfig:
     """Continuous batching: at most `max_num_seqs` running requests; each step gives every
     decoding request its token, then schedules at most `max_num_batched_tokens` tokens of
-    prefill chunks and speculative drafts (the decodes' own tokens come on top).
+    prefill chunks and speculative drafts (the decodes' own tokens come on top); while any
+    request is decoding, at most `max_mixed_batched_tokens` (the decodes wait for the step).
+    A prefill chunk of `mixed_step_tokens` always fits the SWA pool's reservation; a larger
+    one (a step with nobody decoding) takes pages only where they are free.
 
     `policy` orders the waiting queue: 'fcfs', or 'compute-aware' (fewest uncached prompt
     tokens first; a request's priority improves by `aging_per_second` tokens per second of
     waiting, so its wait is bounded by uncached/aging_per_second plus the work ahead of it).
     `length_buckets`: prompt-length cut points; one prefill batch takes one bucket only."""
     max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
+    max_num_batched_tokens: int = 1536
+    max_mixed_batched_tokens: int = 512
     policy: str = "compute-aware"
     aging_per_second: float = 1000.0
     length_buckets: tuple[int, ...] | None = None
@@ -79,6 +83,8 @@ class SchedulerConfig:
             raise ConfigError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ConfigError("max_num_batched_tokens must be >= 1")
+        if self.max_mixed_batched_tokens < 1:
+            raise ConfigError("max_mixed_batched_tokens must be >= 1")
         if self.policy not in ("fcfs", "compute-aware"):
             raise ConfigError(f"policy must be fcfs or compute-aware, not {self.policy!r}")
         if not self.aging_per_second > 0:
@@ -87,6 +93,16 @@ class SchedulerConfig:
             b = list(self.length_buckets)
             if not b or any(x <= 0 for x in b) or b != sorted(set(b)):
                 raise ConfigError("length_buckets must be increasing positive token counts")
+
+    @property
+    def mixed_step_tokens(self) -> int:
+        """Prefill and draft tokens of a step while requests decode; the chunk the SWA
+        pool's reservation always has room for."""
+        return min(self.max_num_batched_tokens, self.max_mixed_batched_tokens)
+
+    def step_tokens(self, decoding: bool) -> int:
+        """This step's budget of prefill and draft tokens."""
+        return self.mixed_step_tokens if decoding else self.max_num_batched_tokens
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SchedulerConfig:

@@ -64,7 +64,7 @@ class LLMEngine:
         layout = KVLayout.from_model(mc, rt.dtype, cc.layout)
         context = cc.planning_context or min(self.max_model_len, 8192)
         full_pages, swa_pages = plan_pages(layout, cc, context,
-                                           chunk=config.scheduler.max_num_batched_tokens)
+                                           chunk=config.scheduler.mixed_step_tokens)
         self.pool = DualPool(layout, full_pages, swa_pages, cc.page_size, dtype, rt.device)
         parts = parts or EngineParts()
         self.cache = parts.build_prefix_cache(cc, self.pool)

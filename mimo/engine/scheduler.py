@@ -2,8 +2,11 @@
 torch (tests/engine/test_scheduler.py drives it on bookkeeping-only pools).
 
 Each step: every running request in decode gets its one token, then prefill chunks (running
-requests first, then newly admitted ones in queue order) take the token budget
-(`max_num_batched_tokens`), less any speculative drafts. The decodes' own tokens ride on top:
+requests first, then newly admitted ones in queue order) take the token budget, less any
+speculative drafts: `max_num_batched_tokens` when nobody decodes, the smaller mixed budget
+(`SchedulerConfig.step_tokens`) while anyone does, whose next token waits for the step. Large
+steps run the GEMMs better (oneDNN at 512 rows costs ~1.3x a token what it does at 1,536; see
+docs/speed.md); small ones keep decoding streams moving. The decodes' own tokens ride on top:
 a step costs about the same with a few more rows, and charging them to the budget ended
 prompts a few tokens past a step's edge, their first token one whole step later (16 prompts
 of 256 tokens arriving at once: the 8th finished in the 5th step, not the 4th).
@@ -15,10 +18,12 @@ its KV goes to the prefix cache, it rejoins the queue with its arrival time and 
 prefilling prompt + output so far, mostly cache hits); either pool running short for the
 decodes preempts. SWA is always reserved as below. With 'reserve': Full pool: pages for
 prompt + max_tokens. SWA pool: every running request's steady window (window + one page),
-plus one step's transient prefill pages, shared by all (a prefill chunk briefly holds
-window + chunk; the excess is released at the end of its step). So decode tokens can always
-grow, at least one prefill chunk fits every step, nothing deadlocks and no request dies
-mid-generation; a request that does not fit waits until running ones finish.
+plus the transient pages of one mixed-budget chunk, shared by all (a prefill chunk briefly
+holds window + chunk; the excess is released at the end of its step). So decode tokens can
+always grow, at least one prefill chunk fits every step, nothing deadlocks and no request dies
+mid-generation; a request that does not fit waits until running ones finish. A larger chunk
+(a step with nobody decoding) is bounded by the pages free when it is planned (`room`), so it
+takes nobody's reservation past its own step.
 
 The lock rule (what the prefix cache's lock pins against what is reserved), kept here in
 `need` and in `RadixPrefixCache.sync` / `window_released`: a running request's lock pins
@@ -146,7 +151,7 @@ class Scheduler:
     def _transient(self) -> int:
         if not self.pool.hybrid:
             return 0
-        return swa_transient_pages(self.cfg.max_num_batched_tokens, self.pool.page_size)
+        return swa_transient_pages(self.cfg.mixed_step_tokens, self.pool.page_size)
 
     def fits_empty_pool(self, seq: Sequence) -> bool:
         f, s = self.need(seq, worst=True)
@@ -186,10 +191,10 @@ class Scheduler:
         return out
 
     def _schedule(self, drafts: dict | None) -> list[ScheduledChunk]:
-        budget = self.cfg.max_num_batched_tokens
         out: list[ScheduledChunk] = []
         if self.cfg.admission == "optimistic":
             self._preempt_for_decode()
+        budget = self.cfg.step_tokens(any(not s.in_prefill for s in self.running))
         # Every decode gets its own token, on top of the budget; drafts share the budget
         # with this step's prefill chunks.
         spare = budget

@@ -84,6 +84,7 @@ def test_unknown_option_is_rejected():
     (dict(swa_share=1.5), "swa_share"),
     (dict(layout="paged"), "layout"),
     (dict(max_num_batched_tokens=0), "max_num_batched_tokens"),
+    (dict(max_mixed_batched_tokens=0), "max_mixed_batched_tokens"),
 ])
 def test_bad_engine_options(opts, match):
     with pytest.raises(ConfigError, match=match):

@@ -32,6 +32,11 @@ def test_cases_cover_the_settings():
     assert {c.model[0] for c in cases} == {"gemma3", "mimo", "mimo-mtp"}
     assert {o["page_size"] for o in opts} == {1, 2, 3, 4, 8}
     assert any(o["window_rebuild"] for o in opts) and not all(o["window_rebuild"] for o in opts)
+    # A mixed budget below the step budget, also with SWA pools at the edge.
+    smaller = [c for c in cases if c.opts.get("max_mixed_batched_tokens", 512)
+               < c.opts["max_num_batched_tokens"]]
+    assert smaller and any(c.opts["_swa_pages"] <= engine_fuzz.edge_swa_pages(c, 2)
+                           for c in smaller)
     # SWA pools at the edge (one chunk's transient pages and the largest steady window,
     # plus at most 2), under both admission modes.
     edge = [c for c in cases if c.opts["_swa_pages"] <= engine_fuzz.edge_swa_pages(c, 2)]

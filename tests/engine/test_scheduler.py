@@ -87,6 +87,44 @@ def test_decodes_go_first_and_prefill_chunks_take_the_budget():
     assert b.output_ids == continuation(b.prompt_ids, 2)
 
 
+def test_a_step_with_nobody_decoding_takes_the_whole_budget():
+    """The mixed budget holds while any request decodes; a step where all prefill takes
+    `max_num_batched_tokens` (nobody's next token waits for it)."""
+    h = Harness(chunk=64, mixed=16)
+    a = h.add(_tokens(100), max_tokens=3)
+    assert [c.n for c in h.step()] == [64]
+    assert [c.n for c in h.step()] == [36]          # a's last chunk; a decodes from now
+    b = h.add(_tokens(150, 1), max_tokens=2)
+    sizes = []
+    while b.in_prefill:
+        chunks = h.step()
+        decoding = [c for c in chunks if c.seq is a]
+        sizes += [(c.n, bool(decoding)) for c in chunks if c.seq is b]
+    # 16 while a decodes (its 2 more tokens), then 64 at a time once a has finished.
+    assert sizes == [(16, True), (16, True), (64, False), (54, False)]
+    h.run()
+    assert a.output_ids == continuation(a.prompt_ids, 3)
+    assert b.output_ids == continuation(b.prompt_ids, 2)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_chunk_past_the_mixed_budget_takes_only_free_swa_pages(seed):
+    """The SWA pool reserves one mixed-budget chunk's transient pages, not a whole budget's:
+    a tight pool still admits as before, and larger chunks fit in what is free. Nothing
+    runs out of pages (an OutOfPages under 'reserve' raises here), tokens are unchanged."""
+    rng = random.Random(seed)
+    prompts = [_tokens(rng.randrange(20, 120), seed * 10 + i) for i in range(8)]
+    h = Harness(chunk=96, mixed=8, swa_pages=12 + seed, page=2, window=6)
+    seqs = [h.add(p, rng.randrange(1, 12)) for p in prompts]
+    big = 0
+    while h.sched.has_work():
+        big = max([big] + [c.n for c in h.step() if c.start < c.seq.prefill_end])
+    h.check_idle()
+    assert big > 8                                  # some chunk went past the mixed budget
+    assert [s.output_ids for s in seqs] == [continuation(p, s.params.max_tokens)
+                                            for p, s in zip(prompts, seqs)]
+
+
 @pytest.mark.parametrize("chunk", [7, 16, 64])
 @pytest.mark.parametrize("cache", [True, False])
 def test_chunk_size_and_the_cache_do_not_change_tokens(chunk, cache):

@@ -1,8 +1,8 @@
 """An engine-level randomized differential test: tiny Gemma 3 and MiMo-V2-Flash configs, small
-pools, random SWA shares, page sizes, windows, chunk budgets, admission modes, retention and
-rebuild settings, n-gram and MTP drafting; requests with shared prefixes around page and
-window boundaries, multi-turn continuations, repeated prompts, stop tokens, and aborts of
-waiting and running requests.
+pools, random SWA shares, page sizes, windows, chunk budgets (a smaller one while requests
+decode), admission modes, retention and rebuild settings, n-gram and MTP drafting; requests
+with shared prefixes around page and window boundaries, multi-turn continuations, repeated
+prompts, stop tokens, and aborts of waiting and running requests.
 
 After every step: the pools' and the tree's `check_integrity()`, and the page tables of the
 running requests: every page in a table is IN_USE (never free, never evictable), and no page
@@ -34,6 +34,7 @@ import torch  # noqa: E402
 
 from helpers.sched_harness import check_lock_rule  # noqa: E402
 from mimo import LLM, SamplingParams
+from mimo.config import SchedulerConfig
 from mimo.engine.engine import RequestError, StepFailed
 from mimo.engine.parts import EngineParts
 from mimo.engine.prefill_planner import ChunkedPrefill
@@ -208,8 +209,13 @@ def make_case(seed: int, tight: bool = False) -> Case:
     # multiples of the pools' budget. Drawn last: the earlier draws of a seed stay the same.
     if opts["prefix_cache"] and rng.random() < 0.4:
         case.opts["_host"] = rng.choice([0.5, 1.0, 3.0])
-    if rng.random() < 0.3:
-        case.opts["_swa_pages"] = edge_swa_pages(case, rng.randint(0, 2))
+    edge = rng.randint(0, 2) if rng.random() < 0.3 else None
+    # A smaller budget while requests decode: steps with nobody decoding take larger chunks
+    # than the SWA pool reserves for, in whatever pages are free. Drawn last, as above.
+    if rng.random() < 0.4:
+        opts["max_mixed_batched_tokens"] = rng.choice([1, 2, 3, 5, 8])
+    if edge is not None:
+        case.opts["_swa_pages"] = edge_swa_pages(case, edge)
     return case
 
 
@@ -226,7 +232,10 @@ def edge_swa_pages(case: Case, slack: int) -> int:
     P = o["page_size"]
     longest = max(len(r.prompt) + r.params.max_tokens for r in case.reqs)
     return (swa_steady_pages(W + nd, P, longest)
-            + swa_transient_pages(o["max_num_batched_tokens"], P) + slack)
+            + swa_transient_pages(SchedulerConfig(
+                max_num_batched_tokens=o["max_num_batched_tokens"],
+                max_mixed_batched_tokens=o.get("max_mixed_batched_tokens", 512)
+            ).mixed_step_tokens, P) + slack)
 
 
 class FaultyPrefill(ChunkedPrefill):

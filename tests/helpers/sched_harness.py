@@ -44,9 +44,10 @@ class Harness:
                  prefill: PrefillPlanner | None = None, policy="fcfs", cache=True,
                  max_num_seqs=64, length_buckets=None, hybrid=True, num_draft=0,
                  drafter: Callable[[Sequence, int], list[int]] | None = None,
-                 layout: KVLayout | None = None):
+                 layout: KVLayout | None = None, mixed: int | None = None):
         """`layout`: a real model's KV shapes (`shape_layout`; its window wins over
-        `window`), else a small hybrid one."""
+        `window`), else a small hybrid one. `mixed`: the budget while requests decode
+        (default: `chunk`)."""
         full = (LayerKV(1, 2, 2),)
         swa = (LayerKV(1, 2, 2),) * swa_layers
         if layout is None:
@@ -55,6 +56,7 @@ class Harness:
         self.pool = DualPool(layout, full_pages, swa_pages, page, allocate=False)
         self.cache = RadixPrefixCache(self.pool, retention, rebuild=rebuild) if cache else None
         cfg = SchedulerConfig(max_num_batched_tokens=chunk, admission=admission, policy=policy,
+                              max_mixed_batched_tokens=chunk if mixed is None else mixed,
                               max_num_seqs=max_num_seqs, length_buckets=length_buckets)
         self.sched = Scheduler(cfg, self.pool, self.cache, num_draft=num_draft, prefill=prefill)
         self.drafter = drafter

@@ -90,7 +90,8 @@ def test_redis_killed_mid_run_then_back(loaded, ref):
 
 def test_corrupt_and_truncated_disk_entries_are_misses_and_deleted(loaded, ref, tmp_path):
     a = ids(N, 4)
-    first = engine(loaded, f"file:{tmp_path}")
+    # 512-token chunks: the store gets a window where each chunk ends (page 128 among them).
+    first = engine(loaded, f"file:{tmp_path}", max_num_batched_tokens=512)
     written(first, a)
     first.engine.close()
     # Flip a byte in the middle of one page's full-KV entry and truncate a later one's.
