@@ -56,18 +56,21 @@ def qk_norm_rope(qkv: torch.Tensor, heads: int, d: int, scale: torch.Tensor | No
 
 
 def add_rms_norm(x: torch.Tensor, h: torch.Tensor, w1: torch.Tensor | None,
-                 w2: torch.Tensor | None, eps: float
+                 w2: torch.Tensor | None, eps: float, y_dtype: torch.dtype | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(x + rms_norm(h) * w1, rms_norm(that) * w2) for the float32 residual stream x [T, n]
     and a block's output h (float32 or bfloat16; its norm rounded to its dtype): w1 None
-    adds h itself, w2 None skips the second norm. Scales float32 [n]."""
+    adds h itself, w2 None skips the second norm. Scales float32 [n]. The second in float32,
+    or rounded to bfloat16 with `y_dtype` bfloat16 (the same bits as casting after)."""
     ok = (_applies(x) and x.dtype == torch.float32 and x.dim() == 2 and h.shape == x.shape
           and h.dtype in (torch.float32, torch.bfloat16)
-          and all(w is None or w.dtype == torch.float32 for w in (w1, w2)))
+          and all(w is None or w.dtype == torch.float32 for w in (w1, w2))
+          and y_dtype in (None, torch.float32, torch.bfloat16))
     ext = extension.load() if ok else None
     if ext is None:
         return None
     xn, y = ext.add_rms_norm_rows(x.contiguous(), h.contiguous(),
                                   _EMPTY if w1 is None else w1.contiguous(),
-                                  _EMPTY if w2 is None else w2.contiguous(), float(eps))
+                                  _EMPTY if w2 is None else w2.contiguous(), float(eps),
+                                  y_dtype == torch.bfloat16)
     return xn, (None if w2 is None else y)

@@ -70,9 +70,9 @@ class CPUAttention(TorchAttention):
         sk = _NO_SINKS if sinks is None else sinks.float().contiguous()
         kernel = (self.ext.prefill_attention_amx if self.prefill == "amx"
                   else self.ext.prefill_attention)
-        for span in batch.prefills:
-            out[span.rows] = kernel(q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots,
-                                    span.offset, span.window, float(scale), sk).to(q.dtype)
+        for span in batch.prefills:     # each writes its rows of `out` (bf16) in place
+            kernel(q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots, span.offset,
+                   span.window, float(scale), sk, out[span.rows])
         return out
 
     def write(self, k, v, k_cache, v_cache, batch: AttnBatch) -> None:

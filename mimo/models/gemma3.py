@@ -42,7 +42,8 @@ class Gemma3Layer(nn.Module):
                 k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttnBatch,
                 backend: AttentionBackend) -> torch.Tensor:
         h = self.attn(self.input_norm(x), rope, k_cache, v_cache, batch, backend)
-        x, y = add_norm(x, h, self.post_attn_norm, self.pre_ff_norm)
+        x, y = add_norm(x, h, self.post_attn_norm, self.pre_ff_norm,
+                        self.mlp.input_dtype(x.numel() // x.shape[-1]))
         assert y is not None
         x, _ = add_norm(x, self.mlp(y), self.post_ff_norm, None)
         return x

@@ -75,13 +75,21 @@ class Linear(nn.Module):
         self.w_int8 = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
         self.w_scale = scale.to(torch.bfloat16)
 
+    def input_dtype(self, rows: int) -> torch.dtype | None:
+        """The dtype `forward` casts an input of `rows` rows to (None: the GGUF blocks take
+        it as it comes), so that whoever computes the input can write it so directly."""
+        if self.qweight is not None and (self.prefill_blocks or rows <= QUANT_MAX_ROWS):
+            return None
+        return self.weight.dtype
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Inputs come in the residual stream's float32 (DecoderLM) or the weights' dtype;
         # the product runs in the weights' dtype.
-        if self.qweight is not None and (self.prefill_blocks
-                                         or x.numel() // x.shape[-1] <= QUANT_MAX_ROWS):
+        dtype = self.input_dtype(x.numel() // x.shape[-1])
+        if dtype is None:
+            assert self.qweight is not None
             return self.qweight.matmul(x).to(self.weight.dtype)
-        x = x.to(self.weight.dtype)
+        x = x.to(dtype)
         if self.w_int8 is not None and x.dtype == torch.bfloat16:
             rows = x.numel() // x.shape[-1]
             if rows <= INT8_MAX_ROWS:
@@ -116,20 +124,24 @@ class RMSNorm(nn.Module):
 
 
 def add_norm(x: torch.Tensor, h: torch.Tensor, norm_h: RMSNorm | None,
-             norm_sum: RMSNorm | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+             norm_sum: RMSNorm | None, y_dtype: torch.dtype | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The residual step `x + norm_h(h)` (h itself where norm_h is None) and `norm_sum` of
-    that sum (None where norm_sum is None): one C++ pass over the float32 residual stream
-    where it applies (Gemma-style norms of one epsilon), the same values as the modules."""
+    that sum (None where norm_sum is None), cast to `y_dtype` if given (what the next matmul
+    reads: `Linear.input_dtype`): one C++ pass over the float32 residual stream where it
+    applies (Gemma-style norms of one epsilon), the same values as the modules."""
     norms = [n for n in (norm_h, norm_sum) if n is not None]
     if all(type(n) is RMSNorm and n.scale.dim() == 1 for n in norms) \
             and len({n.eps for n in norms}) <= 1:
         eps = norms[0].eps if norms else 0.0
         fused = elementwise.add_rms_norm(x, h, None if norm_h is None else norm_h.scale,
-                                         None if norm_sum is None else norm_sum.scale, eps)
+                                         None if norm_sum is None else norm_sum.scale, eps,
+                                         y_dtype)
         if fused is not None:
             return fused
     x = x + (h if norm_h is None else norm_h(h))
-    return x, (None if norm_sum is None else norm_sum(x))
+    y = None if norm_sum is None else norm_sum(x)
+    return x, (y if y is None or y_dtype is None else y.to(y_dtype))
 
 
 class LlamaRMSNorm(RMSNorm):

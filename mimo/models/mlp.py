@@ -38,6 +38,10 @@ class GatedMLP(nn.Module):
         mlp.down.source = (p + "down_proj.weight",)
         return mlp
 
+    def input_dtype(self, rows: int) -> torch.dtype | None:
+        """What `forward` casts an input of `rows` rows to (see Linear.input_dtype)."""
+        return self.gate_up.input_dtype(rows)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gu = self.gate_up(x)
         m = elementwise.act_mul(gu, self.act_name)              # the C++ kernel on CPU

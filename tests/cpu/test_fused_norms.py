@@ -91,6 +91,10 @@ def test_add_rms_norm_is_the_norm_the_sum_and_the_next_norm(isa, n, hdtype, norm
         assert torch.equal(y, ext.rms_norm_rows(want_x, w2, EPS))
     else:
         assert y.numel() == 0
+    # y_bf16: the second norm rounded to bfloat16 as torch casts it, the sum the same
+    xn16, y16 = ext.add_rms_norm_rows(x, h, a, b, EPS, True)
+    assert torch.equal(xn16, xn) and y16.dtype == torch.bfloat16
+    assert torch.equal(y16.view(torch.int16), y.to(torch.bfloat16).view(torch.int16))
     # float64: the first norm rounded to h's dtype, the rest in float64
     r = h.double()
     if a.numel():
@@ -173,6 +177,15 @@ def test_modules_take_the_fused_path_with_the_same_values(monkeypatch, dtype):
     tol = 0 if dtype == torch.bfloat16 else 1e-6
     torch.testing.assert_close(got_qk, want_qk, rtol=tol, atol=tol)
     assert torch.equal(got_x, want_x) and got_y is not None and torch.equal(got_y, want_y)
+    # y in the next matmul's bfloat16, fused and through the modules: the float32 y, cast
+    with torch.no_grad():
+        fused = add_norm(x, h, norm_a, norm_b, torch.bfloat16)
+        monkeypatch.setattr(elementwise.extension, "load", lambda: None)
+        plain = add_norm(x, h, norm_a, norm_b, torch.bfloat16)
+    assert counting.calls["add_rms_norm_rows"] == 2
+    for gx, gy in (fused, plain):
+        assert torch.equal(gx, want_x) and gy is not None and gy.dtype == torch.bfloat16
+        assert torch.equal(gy.view(torch.int16), want_y.to(torch.bfloat16).view(torch.int16))
     # a norm of another kind, or autograd recording: the modules' own ops
     with torch.enable_grad():
         assert elementwise.add_rms_norm(x, h, norm_a.scale, None, EPS) is None

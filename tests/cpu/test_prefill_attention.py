@@ -188,3 +188,39 @@ def test_bad_inputs_are_refused(isa, kernel):
     with pytest.raises(RuntimeError, match="multiple of KV heads"):
         run(torch.randn(4, 3, 64).to(bf), torch.randn(10, 2, 64).to(bf),
             torch.randn(10, 2, 64).to(bf), torch.arange(4), 0, 0, 1.0, none)
+    for bad in (torch.empty(4, 2, 32, dtype=bf), torch.empty(4, 2, 64, dtype=torch.float16),
+                torch.empty(4, 4, 64, dtype=bf)[:, ::2]):
+        with pytest.raises(RuntimeError, match="out must be"):
+            run(q, kc, vc, torch.arange(4), 0, 0, 1.0, none, bad)
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
+@pytest.mark.parametrize("kernel", ["prefill_attention", "prefill_attention_amx"])
+@pytest.mark.parametrize("window", [0, 40])
+def test_the_kernels_write_bf16_rows_in_place(isa, kernel, window):
+    """`out`: a bfloat16 slice of a step's output gets exactly the float32 result rounded
+    as torch rounds it, and no row outside the slice changes."""
+    ext = extension.load(isa)
+    assert ext is not None
+    g = torch.Generator().manual_seed(3)
+    bf = torch.bfloat16
+    n, L, Hq, Hkv, D = 150, 400, 4, 1, 128
+    q = torch.randn(n, Hq, D, generator=g).to(bf)
+    kc, vc = (torch.randn(L, Hkv, D, generator=g).to(bf) for _ in range(2))
+    slots = torch.randperm(L, generator=g)
+    sinks = torch.randn(Hq, generator=g)
+    run = getattr(ext, kernel)
+    if not getattr(ext, kernel + "_ok")():      # not in this build, or not on this CPU
+        with pytest.raises(RuntimeError, match="avx512-vnni build only|AVX512-BF16"):
+            run(q, kc, vc, slots, L - n, window, 0.1, sinks, torch.empty(n, Hq, D, dtype=bf))
+        return
+    want = run(q, kc, vc, slots, L - n, window, 0.1, sinks)
+    assert want.dtype == torch.float32
+    step = torch.full((n + 30, Hq, D), 7.0, dtype=bf)
+    got = run(q, kc, vc, slots, L - n, window, 0.1, sinks, step[10:10 + n])
+    assert got.data_ptr() == step[10].data_ptr()
+    assert torch.equal(step[10:10 + n].view(torch.int16), want.to(bf).view(torch.int16))
+    assert (step[:10] == 7).all() and (step[10 + n:] == 7).all()
+    f32 = torch.empty(n, Hq, D)
+    run(q, kc, vc, slots, L - n, window, 0.1, sinks, f32)
+    assert torch.equal(f32, want)

@@ -57,6 +57,9 @@ def test_prefill_rows_go_where_the_choice_says(mode, monkeypatch):
     x = torch.randn(QUANT_MAX_ROWS + 9, lin.weight.shape[1])
     y = lin(x)
     assert rows == ([QUANT_MAX_ROWS + 9] if mode == "blocks" else [])
+    # What the input is cast to, said ahead (a norm writes it so): blocks take it as is.
+    assert lin.input_dtype(QUANT_MAX_ROWS) is None
+    assert lin.input_dtype(QUANT_MAX_ROWS + 9) == (None if mode == "blocks" else lin.weight.dtype)
     ref = x.double() @ lin.weight.double().T            # the Q8_0 values, unquantized input
     assert torch.allclose(y.double(), ref, rtol=0.05, atol=0.05 * float(ref.abs().max()))
 

@@ -65,9 +65,9 @@ void qk_rows(const T* qkv, int64_t ld, int64_t rows, int64_t heads, int64_t d, c
     });
 }
 
-template <typename T>
+template <typename T, typename Y>
 void add_norm_rows(const float* x, const T* h, const float* w1, const float* w2, int64_t rows,
-                   int64_t n, float eps, bool bf16, float* xn, float* y) {
+                   int64_t n, float eps, bool bf16, float* xn, Y* y) {
     at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
         std::vector<float> buf(n);
         for (int64_t r = r0; r < r1; ++r) {
@@ -79,8 +79,9 @@ void add_norm_rows(const float* x, const T* h, const float* w1, const float* w2,
                 _mm256_storeu_ps(xo + i, _mm256_add_ps(_mm256_loadu_ps(xr + i), _mm256_loadu_ps(buf.data() + i)));
             for (; i < n; ++i) xo[i] = xr[i] + buf[i];
             if (w2 == nullptr) continue;
-            // The next norm on the float32 sum, as rms_norm_rows computes it (no rounding).
-            normed(xo, w2, n, eps, false, y + r * n);
+            // The next norm on the float32 sum, as rms_norm_rows computes it (no rounding but
+            // the store's, where y is bf16: the same bits as float32 y cast after).
+            mimo_rows::norm_row(xo, w2, n, eps, false, y + r * n);
         }
     });
 }
@@ -120,7 +121,7 @@ torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t
 
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& h,
                                              const torch::Tensor& w1, const torch::Tensor& w2,
-                                             double eps) {
+                                             double eps, bool y_bf16) {
     check_rows(x, "x");
     check_rows(h, "h");
     TORCH_CHECK(x.scalar_type() == torch::kFloat32, "x must be float32 (the residual stream)");
@@ -129,14 +130,21 @@ std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch
     const float* a = scale_or_null(w1, n, "w1");
     const float* b = scale_or_null(w2, n, "w2");
     torch::Tensor xn = torch::empty_like(x);
-    torch::Tensor y = b == nullptr ? torch::empty({0}, x.options()) : torch::empty_like(x);
+    const auto ydt = y_bf16 ? torch::kBFloat16 : torch::kFloat32;
+    torch::Tensor y = b == nullptr ? torch::empty({0}, x.options().dtype(ydt))
+                                   : torch::empty(x.sizes(), x.options().dtype(ydt));
     const float e = static_cast<float>(eps);
-    float* yp = b == nullptr ? nullptr : y.data_ptr<float>();
-    if (h.scalar_type() == torch::kBFloat16)
-        add_norm_rows(x.data_ptr<float>(), h.data_ptr<at::BFloat16>(), a, b, rows, n, e, true,
-                      xn.data_ptr<float>(), yp);
+    auto run = [&](auto* yp) {
+        if (h.scalar_type() == torch::kBFloat16)
+            add_norm_rows(x.data_ptr<float>(), h.data_ptr<at::BFloat16>(), a, b, rows, n, e,
+                          true, xn.data_ptr<float>(), yp);
+        else
+            add_norm_rows(x.data_ptr<float>(), h.data_ptr<float>(), a, b, rows, n, e, false,
+                          xn.data_ptr<float>(), yp);
+    };
+    if (y_bf16)
+        run(b == nullptr ? nullptr : y.data_ptr<at::BFloat16>());
     else
-        add_norm_rows(x.data_ptr<float>(), h.data_ptr<float>(), a, b, rows, n, e, false,
-                      xn.data_ptr<float>(), yp);
+        run(b == nullptr ? nullptr : y.data_ptr<float>());
     return {xn, y};
 }

@@ -24,18 +24,19 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                const torch::Tensor& sinks, bool round);
 
 // A prefill chunk q [n, Hq, D] bf16 over the span's keys (slots [L], query i sees keys
-// (offset + i - window, offset + i]; window 0: all up to it): float32 [n, Hq, Dv].
+// (offset + i - window, offset + i]; window 0: all up to it): [n, Hq, Dv], written into
+// `out` (float32 or bf16, contiguous) or, where out is empty, a new float32 tensor.
 torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
                                 int64_t offset, int64_t window, double scale,
-                                const torch::Tensor& sinks);
+                                const torch::Tensor& sinks, const torch::Tensor& out);
 bool prefill_attention_ok();   // this build has it and the CPU runs it (AVX512-BF16)
 // The same on oneDNN's brgemm (AMX tiles); prefill_attention_amx_ok: this build has it and
 // torch's brgemm runs bf16 here.
 torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor& k_cache,
                                     const torch::Tensor& v_cache, const torch::Tensor& slots,
                                     int64_t offset, int64_t window, double scale,
-                                    const torch::Tensor& sinks);
+                                    const torch::Tensor& sinks, const torch::Tensor& out);
 bool prefill_attention_amx_ok();
 
 // Refuses (naming `name`) anything but a contiguous 2-D bfloat16 or float32 CPU tensor.
@@ -51,10 +52,11 @@ torch::Tensor qk_norm_rope_rows(const torch::Tensor& qkv, int64_t heads, int64_t
                                 const torch::Tensor& scale, double eps, const torch::Tensor& cos,
                                 const torch::Tensor& sin);
 // x [T, n] float32 + rms_norm(h, w1) (w1 empty: h itself), and rms_norm(that sum, w2) (w2
-// empty: not computed, an empty tensor): {sum, normed}, both float32.
+// empty: not computed, an empty tensor): {sum, normed}, the sum float32, normed float32 or,
+// with y_bf16, rounded to bfloat16 (what the next bf16 matmul reads).
 std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch::Tensor& h,
                                              const torch::Tensor& w1, const torch::Tensor& w2,
-                                             double eps);
+                                             double eps, bool y_bf16);
 
 // cache[slots[i]] = src[i] (rows: the first dim; src's rows each one contiguous block).
 void write_rows(torch::Tensor& cache, const torch::Tensor& slots, const torch::Tensor& src);

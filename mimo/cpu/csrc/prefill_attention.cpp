@@ -75,7 +75,7 @@ MIMO_BF16 inline void values(const uint32_t* Pp, const uint16_t* vp, int64_t Dv,
 // One tile: queries [i0, i1) of KV head g, R = (i1 - i0) * rep rows.
 MIMO_BF16 void tile(const uint16_t* q, const uint32_t* kpack, const uint16_t* vpack,
                     const float* sinks, const Shape& s, int64_t g, int64_t i0, int64_t i1,
-                    float scale, float* out) {
+                    float scale, void* out, bool bf16) {
     const int64_t R = (i1 - i0) * s.rep, P = s.D / 2;
     const int64_t Rq = (R + ROWS_QK - 1) / ROWS_QK * ROWS_QK;
     const int64_t Rv = (R + ROWS_PV - 1) / ROWS_PV * ROWS_PV;
@@ -110,9 +110,8 @@ MIMO_BF16 void tile(const uint16_t* q, const uint32_t* kpack, const uint16_t* vp
     }
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
-        const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-        float* o = out + (i * s.Hq + h) * s.Dv;
-        for (int64_t d = 0; d < s.Dv; ++d) o[d] = O[r * s.Dv + d] * inv;
+        store_row(O.data() + r * s.Dv, l[r] > 0.f ? 1.f / l[r] : 0.f, s.Dv, out, bf16,
+                  i * s.Hq + h);
     }
 }
 
@@ -123,11 +122,11 @@ bool prefill_attention_ok() { return __builtin_cpu_supports("avx512bf16"); }
 torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
                                 int64_t offset, int64_t window, double scale,
-                                const torch::Tensor& sinks) {
+                                const torch::Tensor& sinks, const torch::Tensor& into) {
     TORCH_CHECK(prefill_attention_ok(), "prefill_attention needs a CPU with AVX512-BF16");
     const Shape s = span_shape(q, k_cache, v_cache, slots, offset, window, sinks, TK);
     const int64_t* sl = slots.data_ptr<int64_t>();
-    auto out = torch::empty({s.n, s.Hq, s.Dv}, q.options().dtype(torch::kFloat32));
+    torch::Tensor out = output_for(into, s, q);
     if (s.n == 0) return out;
     auto kpack = torch::empty({s.Hkv * s.nblk * TK * s.D}, q.options());
     auto vpack = torch::empty({s.Hkv * s.nblk * TK * s.Dv}, q.options());
@@ -140,12 +139,13 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
     const int64_t ntiles = (s.n + tq - 1) / tq;
     const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
     const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
-    float* op = out.data_ptr<float>();
+    void* op = out.data_ptr();
+    const bool bf16 = out.scalar_type() == torch::kBFloat16;
     at::parallel_for(0, s.Hkv * ntiles, 1, [&](int64_t a, int64_t e) {
         for (int64_t x = a; x < e; ++x) {
             const int64_t g = x / ntiles, t = x % ntiles;
             tile(qp, kp, vp, sk, s, g, t * tq, std::min(s.n, (t + 1) * tq),
-                 static_cast<float>(scale), op);
+                 static_cast<float>(scale), op, bf16);
         }
     });
     return out;
@@ -157,7 +157,7 @@ bool prefill_attention_ok() { return false; }
 
 torch::Tensor prefill_attention(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
                                 const torch::Tensor&, int64_t, int64_t, double,
-                                const torch::Tensor&) {
+                                const torch::Tensor&, const torch::Tensor&) {
     TORCH_CHECK(false, "prefill_attention is in the avx512-vnni build only");
     return {};
 }

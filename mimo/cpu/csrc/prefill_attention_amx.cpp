@@ -46,7 +46,7 @@ struct Scratch {
 template <int64_t KB>
 MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vpack,
                     const float* sinks, const Shape& s, int64_t g, int64_t i0, int64_t i1,
-                    float scale, float* out, Scratch& w) {
+                    float scale, void* out, bool bf16, Scratch& w) {
     const int64_t R = (i1 - i0) * s.rep;
     w.Q.resize(R * s.D);
     w.P.resize(R * KB);
@@ -85,20 +85,18 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
     }
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
-        const __m512 inv = _mm512_set1_ps(w.l[r] > 0.f ? 1.f / w.l[r] : 0.f);
-        const float* o = w.O.data() + r * s.Dv;
-        float* dst = out + (i * s.Hq + h) * s.Dv;
-        for (int64_t d = 0; d < s.Dv; d += 16)
-            _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(o + d), inv));
+        store_row(w.O.data() + r * s.Dv, w.l[r] > 0.f ? 1.f / w.l[r] : 0.f, s.Dv, out, bf16,
+                  i * s.Hq + h);
     }
 }
 
 template <int64_t KB>
 torch::Tensor run(const torch::Tensor& q, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& slots, int64_t offset,
-                  int64_t window, double scale, const torch::Tensor& sinks) {
+                  int64_t window, double scale, const torch::Tensor& sinks,
+                  const torch::Tensor& into) {
     const Shape s = span_shape(q, k_cache, v_cache, slots, offset, window, sinks, KB);
-    auto out = torch::empty({s.n, s.Hq, s.Dv}, q.options().dtype(torch::kFloat32));
+    torch::Tensor out = output_for(into, s, q);
     if (s.n == 0) return out;
     auto kpack = torch::empty({s.Hkv * s.nblk * KB * s.D}, q.options());
     auto vpack = torch::empty({s.Hkv * s.nblk * KB * s.Dv}, q.options());
@@ -111,13 +109,14 @@ torch::Tensor run(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t ntiles = (s.n + tq - 1) / tq;
     const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
     const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
-    float* op = out.data_ptr<float>();
+    void* op = out.data_ptr();
+    const bool bf16 = out.scalar_type() == torch::kBFloat16;
     at::parallel_for(0, s.Hkv * ntiles, 1, [&](int64_t a, int64_t e) {
         Scratch w;
         for (int64_t x = a; x < e; ++x) {
             const int64_t g = x / ntiles, t = x % ntiles;
             tile<KB>(qp, kp, vp, sk, s, g, t * tq, std::min(s.n, (t + 1) * tq),
-                     static_cast<float>(scale), op, w);
+                     static_cast<float>(scale), op, bf16, w);
         }
         cpublas::brgemm_release();     // the AMX tile state, back before oneDNN's next call
     });
@@ -133,11 +132,12 @@ bool prefill_attention_amx_ok() {
 torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor& k_cache,
                                     const torch::Tensor& v_cache, const torch::Tensor& slots,
                                     int64_t offset, int64_t window, double scale,
-                                    const torch::Tensor& sinks) {
+                                    const torch::Tensor& sinks, const torch::Tensor& out) {
     TORCH_CHECK(prefill_attention_amx_ok(),
                 "prefill_attention_amx needs AVX512-BF16 and oneDNN's bf16 brgemm (AMX)");
-    return window > 0 ? run<KB_WINDOW>(q, k_cache, v_cache, slots, offset, window, scale, sinks)
-                      : run<KB_FULL>(q, k_cache, v_cache, slots, offset, window, scale, sinks);
+    return window > 0
+        ? run<KB_WINDOW>(q, k_cache, v_cache, slots, offset, window, scale, sinks, out)
+        : run<KB_FULL>(q, k_cache, v_cache, slots, offset, window, scale, sinks, out);
 }
 
 #else   // the AVX2 build: not available (callers keep the other paths)
@@ -146,7 +146,7 @@ bool prefill_attention_amx_ok() { return false; }
 
 torch::Tensor prefill_attention_amx(const torch::Tensor&, const torch::Tensor&,
                                     const torch::Tensor&, const torch::Tensor&, int64_t,
-                                    int64_t, double, const torch::Tensor&) {
+                                    int64_t, double, const torch::Tensor&, const torch::Tensor&) {
     TORCH_CHECK(false, "prefill_attention_amx is in the avx512-vnni build only");
     return {};
 }

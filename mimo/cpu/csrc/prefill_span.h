@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include "rows_io.h"
 
 #define MIMO_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
@@ -48,6 +49,32 @@ inline Shape span_shape(const torch::Tensor& q, const torch::Tensor& k_cache,
     s.rep = s.Hq / s.Hkv;
     s.nblk = (s.L + blk - 1) / blk;
     return s;
+}
+
+// The output a kernel writes: the caller's `out` (float32 or bfloat16 [n, Hq, Dv],
+// contiguous: rows of a step's output, written in place) or, if empty, a new float32 one.
+inline torch::Tensor output_for(const torch::Tensor& out, const Shape& s, const torch::Tensor& q) {
+    if (!out.defined() || out.numel() == 0)
+        return torch::empty({s.n, s.Hq, s.Dv}, q.options().dtype(torch::kFloat32));
+    TORCH_CHECK(out.dim() == 3 && out.size(0) == s.n && out.size(1) == s.Hq &&
+                out.size(2) == s.Dv && out.is_contiguous() &&
+                (out.scalar_type() == torch::kFloat32 || out.scalar_type() == torch::kBFloat16),
+                "out must be contiguous float32 or bfloat16 [n, Hq, Dv] (or empty)");
+    return out;
+}
+
+// Output row `row` (of n * Hq, Dv wide): o * inv, stored in float32 or rounded to bfloat16
+// as torch rounds (mimo_rows::store16), so writing bf16 here equals .to(bfloat16) after.
+MIMO_BF16 inline void store_row(const float* o, float inv, int64_t Dv, void* out, bool bf16,
+                                int64_t row) {
+    const __m512 v = _mm512_set1_ps(inv);
+    for (int64_t d = 0; d < Dv; d += 16) {
+        const __m512 x = _mm512_mul_ps(_mm512_loadu_ps(o + d), v);
+        if (bf16)
+            mimo_rows::store16(static_cast<at::BFloat16*>(out) + row * Dv + d, x);
+        else
+            mimo_rows::store16(static_cast<float*>(out) + row * Dv + d, x);
+    }
 }
 
 // Visible keys of query i: [lo, hi) (contiguous: causal, and a window's band).

@@ -287,14 +287,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("quantize_q8", &quantize_q8, "activations -> int8 blocks of 32 and their scales");
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over paged KV read in place (GQA, sinks)");
+    // out: empty (a new float32 result) or the caller's float32/bf16 rows, written in place.
+#define MIMO_PREFILL_ARGS py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), \
+    py::arg("slots"), py::arg("offset"), py::arg("window"), py::arg("scale"), py::arg("sinks"), \
+    py::arg("out") = torch::empty({0})
     m.def("prefill_attention", &prefill_attention,
           "a prefill chunk over paged KV with bf16 dot products (causal, window, GQA, sinks)",
-          py::call_guard<py::gil_scoped_release>());
+          MIMO_PREFILL_ARGS, py::call_guard<py::gil_scoped_release>());
     m.def("prefill_attention_ok", &prefill_attention_ok,
           "whether this build has prefill_attention and the CPU runs it");
     m.def("prefill_attention_amx", &prefill_attention_amx,
           "prefill_attention on oneDNN's brgemm (AMX tiles)",
-          py::call_guard<py::gil_scoped_release>());
+          MIMO_PREFILL_ARGS, py::call_guard<py::gil_scoped_release>());
+#undef MIMO_PREFILL_ARGS
     m.def("prefill_attention_amx_ok", &prefill_attention_amx_ok,
           "whether this build has prefill_attention_amx and torch's bf16 brgemm runs here");
     m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row in its dtype (bf16/f32)",
@@ -306,7 +311,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::call_guard<py::gil_scoped_release>());
     m.def("add_rms_norm_rows", &add_rms_norm_rows,
           "the residual sum x + rms_norm(h) and the next norm of it, in one pass",
-          py::call_guard<py::gil_scoped_release>());
+          py::arg("x"), py::arg("h"), py::arg("w1"), py::arg("w2"), py::arg("eps"),
+          py::arg("y_bf16") = false, py::call_guard<py::gil_scoped_release>());
     m.def("write_rows", &write_rows, "cache[slots[i]] = src[i], one thread",
           py::call_guard<py::gil_scoped_release>());
     m.def("isa", &isa, "the instruction set this build was compiled for");
