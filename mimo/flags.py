@@ -109,8 +109,8 @@ def _scheduler_flags(g: argparse._ArgumentGroup) -> None:
                         "each decoding request's own token comes on top")
     g.add_argument("--max-mixed-batched-tokens", type=int, default=512,
                    help="the same while any request is decoding (each decoding stream waits "
-                        "for the step); a chunk this size always fits the SWA pool, a larger "
-                        "one only in free pages")
+                        "for the step), at most --max-num-batched-tokens; a chunk this size "
+                        "always fits the SWA pool, a larger one only in free pages")
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: model's)")
     g.add_argument("--policy", default="compute-aware", choices=["compute-aware", "fcfs"],
                    help="waiting-queue order: fewest uncached prompt tokens first (with aging), "

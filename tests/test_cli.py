@@ -41,7 +41,8 @@ def test_help_documents_every_engine_flag():
     r = _run("-m", "mimo", "generate", "--help")
     assert r.returncode == 0
     for flag in ("--model", "--dtype", "--quantize", "--kv-cache-memory", "--page-size",
-                 "--swa-share", "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len",
+                 "--swa-share", "--max-num-seqs", "--max-num-batched-tokens",
+                 "--max-mixed-batched-tokens", "--max-model-len",
                  "--threads", "--device", "--temperature", "--top-p", "--top-k", "--seed",
                  "--attention-backend", "--decode-graphs"):
         assert flag in r.stdout
@@ -64,7 +65,7 @@ def test_server_help_documents_every_flag():
     for flag in ("--host", "--port", "--api-key", "--served-model-name", "--max-body-bytes",
                  "--max-in-flight", "--max-queued", "--log-level", "--model", "--dtype",
                  "--kv-cache-memory", "--policy", "--aging-per-second", "--length-buckets",
-                 "--max-num-batched-tokens"):
+                 "--max-num-batched-tokens", "--max-mixed-batched-tokens"):
         assert flag in r.stdout
     assert "127.0.0.1" in r.stdout and "8000" in r.stdout
 
