@@ -13,11 +13,12 @@ import logging
 
 import torch
 
-from ..cpu import extension
+from ..cpu import decode_ops, extension
 from ..cpu.features import cpu_info
 from .attention import AttnBatch, TorchAttention
 
 _NO_SINKS = torch.empty(0)
+DECODE_MAX_REP = 16     # query heads per KV head decode_attention takes (MAX_REP there)
 log = logging.getLogger("mimo.engine")
 
 
@@ -48,6 +49,8 @@ def _rows_fit(src: torch.Tensor, cache: torch.Tensor) -> bool:
 class CPUAttention(TorchAttention):
     def __init__(self, ext=None, prefill: str = "auto"):
         self.ext = ext if ext is not None else extension.load()
+        # The fused decode layer's attention kernel, from the same build.
+        self.ops = None if self.ext is None else decode_ops.load(self.ext.isa())
         self.prefill = prefill_path(prefill, self.ext, cpu_info().flags)
         if self.prefill != "torch":
             log.info("prefill attention: mimo's %s kernel",
@@ -92,13 +95,21 @@ class CPUAttention(TorchAttention):
                 and v_cache.shape[-1] % 64 == 0)
 
     def _decode(self, q, k_cache, v_cache, batch: AttnBatch, scale, sinks) -> torch.Tensor:
-        """float32 [B, Hq, Dv] for the decode rows' queries q [B, Hq, D]."""
+        """float32 [B, Hq, Dv] for the decode rows' queries q [B, Hq, D]. A bf16 q: the fused
+        decode layer's kernel (by KV head, split along the keys, the weights rounded to bf16
+        as the plain bf16 layer rounds them, both products on vdpbf16ps where the CPU has
+        them; half the time in a mixed step). float32: the per-query-head kernel, whose sums'
+        order the float32 GGUF agreement tests hold at their margin."""
         slots, lens = batch.decode_slots, batch.decode_lens
         if lens is None:
             if batch.decode_mask is None:
                 lens = torch.full((slots.shape[0],), slots.shape[1], dtype=torch.int64)
             else:       # the padded keys are the trailing ones, masked with -inf
                 lens = (batch.decode_mask.view(slots.shape[0], -1) == 0).sum(1)
-        return self.ext.paged_decode_attention(
-            q.float().contiguous(), k_cache, v_cache, slots, lens, float(scale),
-            _NO_SINKS if sinks is None else sinks)
+        sk = _NO_SINKS if sinks is None else sinks
+        if (self.ops is not None and q.dtype == torch.bfloat16
+                and q.shape[1] // k_cache.shape[1] <= DECODE_MAX_REP):
+            return self.ops.decode_attention(q.float().contiguous(), k_cache, v_cache, slots,
+                                             lens.contiguous(), float(scale), sk, True)
+        return self.ext.paged_decode_attention(q.float().contiguous(), k_cache, v_cache, slots,
+                                               lens, float(scale), sk)

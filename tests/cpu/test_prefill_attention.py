@@ -122,6 +122,30 @@ def test_amx_long_chunks_match_brute_force(sinks, window):
     assert attn.prefill == "amx" and counting.amx_calls == 3
 
 
+@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
+def test_bf16_decode_rows_take_the_fused_layers_kernel(isa, monkeypatch):
+    """A mixed step's decode rows (bf16) run decode_ops.decode_attention with the weights
+    rounded as the bf16 layer rounds them, and still match the float64 softmax."""
+    from mimo.cpu import decode_ops
+    from mimo.gpu import cpu_attention
+    ext = extension.load(isa)
+    real = decode_ops.load(isa)
+    assert ext is not None and real is not None
+    calls: list[bool] = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def decode_attention(self, *args):
+            calls.append(args[-1])
+            return real.decode_attention(*args)
+    monkeypatch.setattr(cpu_attention.decode_ops, "load", lambda isa=None: Counting())
+    attn = run_case(ext, (4, 1, 256, 256), 64, True)
+    # Where a prefill kernel runs (else the whole mixed step is torch's), rounded.
+    assert (bool(calls) and all(calls)) == (attn.prefill != "torch")
+
+
 def test_auto_picks_by_cpu():
     """'auto': the brgemm kernel on AMX, the dot-product kernel with AVX512-BF16 alone,
     torch's path without kernels."""
