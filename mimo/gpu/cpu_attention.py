@@ -18,7 +18,6 @@ from ..cpu.features import cpu_info
 from .attention import AttnBatch, TorchAttention
 
 _NO_SINKS = torch.empty(0)
-DECODE_MAX_REP = 16     # query heads per KV head decode_attention takes (MAX_REP there)
 log = logging.getLogger("mimo.engine")
 
 
@@ -108,7 +107,7 @@ class CPUAttention(TorchAttention):
                 lens = (batch.decode_mask.view(slots.shape[0], -1) == 0).sum(1)
         sk = _NO_SINKS if sinks is None else sinks
         if (self.ops is not None and q.dtype == torch.bfloat16
-                and q.shape[1] // k_cache.shape[1] <= DECODE_MAX_REP):
+                and q.shape[1] // k_cache.shape[1] <= self.ops.max_rep):
             return self.ops.decode_attention(q.float().contiguous(), k_cache, v_cache, slots,
                                              lens.contiguous(), float(scale), sk, True)
         return self.ext.paged_decode_attention(q.float().contiguous(), k_cache, v_cache, slots,

@@ -24,7 +24,7 @@
 
 namespace {
 
-constexpr int64_t MAX_REP = 16;     // query heads per KV head this kernel takes
+constexpr int64_t MAX_REP = DECODE_MAX_REP;     // query heads per KV head (kernels.h)
 constexpr int64_t MIN_PART = 32;    // keys per part at least
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }

@@ -322,4 +322,5 @@ PYBIND11_MODULE(MIMO_CAT(TORCH_EXTENSION_NAME, _decode_ops), m) {
     m.def("act_and_mul", &act_and_mul, "act(gate) * up of [T, 2I]");
     m.def("rope", &rope, "rotate-half RoPE with sign-folded sin tables");
     m.def("decode_attention", &decode_attention, "decode attention by KV head, split along keys");
+    m.attr("max_rep") = DECODE_MAX_REP;     // query heads per KV head decode_attention takes
 }

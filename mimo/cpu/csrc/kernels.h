@@ -18,6 +18,8 @@ torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor
 
 // The same by KV head, split along the keys (decode_attention.cpp); `round`: the softmax
 // weights rounded to bfloat16 before the values, as the plain bfloat16 layer rounds them.
+// At most DECODE_MAX_REP query heads per KV head (bound to Python as `max_rep`).
+constexpr int64_t DECODE_MAX_REP = 16;
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                const torch::Tensor& v_cache, const torch::Tensor& slots,
                                const torch::Tensor& lens, double scale,

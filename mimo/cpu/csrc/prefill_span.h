@@ -1,7 +1,8 @@
 // What the two prefill attention kernels share (prefill_attention.cpp: vdpbf16ps dot
 // products; prefill_attention_amx.cpp: oneDNN's brgemm on AMX tiles): the span's shape and
-// its argument checks, the keys a query sees, the packed key and value blocks, exp and 2^x
-// of 16 floats, one row's step of the online softmax. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
+// its argument checks, the output they write and how a row is stored, the keys a query
+// sees, the packed key and value blocks, exp and 2^x of 16 floats, one row's step of the
+// online softmax. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
