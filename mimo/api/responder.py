@@ -83,6 +83,8 @@ class Responder:
         return runs
 
     async def _first(self, request, req: ChatRequest) -> Run:
+        # On its way to the engine until `generate` submits it (engine/arrivals.py).
+        req.arrival = self.s.engine.arriving()
         stream = self.s.pipeline.stream(req)
         try:
             aw = anext(stream, None)
@@ -90,6 +92,8 @@ class Responder:
         except BaseException:
             await stream.aclose()
             raise
+        finally:        # one that never reached `submit` (refused, failed, cancelled)
+            req.arrival.close()
         return Run(req, stream, first)
 
     def _choices(self, spec: GenerationSpec, n: int) -> list[Choice]:

@@ -44,6 +44,8 @@ class DecodeGenerate(Generate):
                 yield g
             return
         self._check_context(req)
+        if req.arrival is not None:     # its prompt is computed elsewhere first: not soon
+            req.arrival.close()
         try:
             got = await self.client.prefill(url, req.prompt_ids, req.cache)
         except TransferFailed as e:

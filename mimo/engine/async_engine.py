@@ -4,9 +4,9 @@ Forward passes never run on the event-loop thread, so the loop keeps answering (
 checks, new connections) while the engine is saturated. Ownership: only the engine thread
 touches the LLMEngine's scheduler, pools and model. The loop side sees the engine's face
 (face.py): `info` (fixed), `stats` (a snapshot the engine thread swaps in after each
-iteration), `check` (does a request fit), `submit` (validates, pure) and `abort`, which put
-commands in the inbox; it reads per-request asyncio queues that the engine thread fills
-through `call_soon_threadsafe`.
+iteration), `check` (does a request fit), `arriving` (a request on its way: arrivals.py),
+`submit` (validates, pure) and `abort`, which put commands in the inbox; it reads
+per-request asyncio queues that the engine thread fills through `call_soon_threadsafe`.
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..kvcache.radix.namespace import CacheScope
+from .arrivals import Arrival, Arrivals
 from .engine import LLMEngine
 from .errors import EngineStopped, StepFailed
 from .face import EngineInfo, EngineStats
@@ -59,13 +60,19 @@ class RequestStream:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, idle_wait: float = 0.05):
+    def __init__(self, engine: LLMEngine, idle_wait: float = 0.05, gather_wait: float = 0.02):
+        if gather_wait < 0:
+            raise ValueError(f"gather_wait must be >= 0 seconds, not {gather_wait}")
         self._engine = engine
         self.info: EngineInfo = engine_info(engine)
         self._stats: EngineStats = engine_stats(engine, 0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._idle_wait = idle_wait
+        # Starting from idle, how long the engine may wait for requests on their way
+        # (arrivals.py) before it plans its first step.
+        self._gather_wait = gather_wait
+        self.arrivals = Arrivals(self._wake.set)
         self._thread: threading.Thread | None = None
         self._go: threading.Event | None = None      # set by start() for a `build` engine
         self._stop = False
@@ -78,7 +85,8 @@ class AsyncEngine:
         self.on_fatal: Callable[[BaseException], object] | None = None
 
     @classmethod
-    def build(cls, factory: Callable[[], LLMEngine], idle_wait: float = 0.05) -> AsyncEngine:
+    def build(cls, factory: Callable[[], LLMEngine], idle_wait: float = 0.05,
+              gather_wait: float = 0.02) -> AsyncEngine:
         """Build the engine on the thread that will step it (waits; `factory`'s exception is
         re-raised here). Why: libgomp lets idle OpenMP workers spin only while the process
         has no more of its threads than CPUs. A model loaded on the main thread leaves that
@@ -105,7 +113,7 @@ class AsyncEngine:
         if "error" in box:
             thread.join()
             raise box["error"]
-        self = box["self"] = cls(box["engine"], idle_wait)
+        self = box["self"] = cls(box["engine"], idle_wait, gather_wait)
         self._thread, self._go = thread, go
         return self
 
@@ -139,12 +147,23 @@ class AsyncEngine:
         (`fill`: the client sent none; it gets what the context and the KV pool allow)."""
         return self.info.check(prompt_len, max_tokens, fill=fill, min_tokens=min_tokens)
 
+    def arriving(self) -> Arrival:
+        """Note a request on its way here (to be tokenized, then submitted): an idle
+        engine waits briefly for it before its first step. Close it once submitted (or
+        given up); `submit(arrival=...)` does."""
+        return self.arrivals.open()
+
     def submit(self, prompt_ids: list[int], params: SamplingParams, mm=None,
-               scope: CacheScope = CacheScope()) -> RequestStream:
+               scope: CacheScope = CacheScope(), arrival: Arrival | None = None
+               ) -> RequestStream:
         """Validates now (raises RequestError / ValueError on bad input); generation runs on
         the engine thread. `mm`: an MMPrompt for a prompt with images or videos; `scope`:
-        its cache salt and session key."""
-        return self._queue("add", self._new(prompt_ids, params, mm, scope))
+        its cache salt and session key; `arrival`: closed once the request is queued."""
+        try:
+            return self._queue("add", self._new(prompt_ids, params, mm, scope))
+        finally:        # after the queue: a waiting engine finds the request when it wakes
+            if arrival is not None:
+                arrival.close()
 
     def submit_prefill(self, prompt_ids: list[int], sink: FrameSink,
                        scope: CacheScope = CacheScope()) -> RequestStream:
@@ -236,12 +255,15 @@ class AsyncEngine:
     def _run(self) -> None:
         eng = self._engine
         while not self._stop:
+            idle = not eng.has_work()
             self._drain_inbox()
             if not eng.has_work():
                 self._publish()     # aborts and storage writes change it while idle
                 self._wake.wait(self._idle_wait)
                 self._wake.clear()
                 continue
+            if idle:
+                self._gather()
             t0 = time.perf_counter()
             try:
                 out = eng.step()
@@ -267,6 +289,20 @@ class AsyncEngine:
                 self._emit(stream, StreamEvent(toks, seq.finish_reason))
                 if seq.finish_reason is not None:
                     del self._streams[seq.id]
+
+    def _gather(self) -> None:
+        """Work just arrived at an idle engine: while requests are still on their way
+        (tokenized by the server, not yet queued), wait for them, at most `gather_wait`,
+        so that the first step plans them together. Nothing runs yet, so nobody's next
+        token waits; a request alone has none on its way and does not wait."""
+        end = time.perf_counter() + self._gather_wait
+        while self.arrivals.pending and not self._stop:
+            left = end - time.perf_counter()
+            if left <= 0:
+                return
+            self._wake.wait(left)
+            self._wake.clear()
+            self._drain_inbox()
 
     def _fail(self, seqs, err: BaseException) -> None:
         for seq in seqs:

@@ -59,6 +59,9 @@ class ChatRequest(Request):
     cached_tokens: int = 0                                           # generate
     engine_queue_wait: float | None = None  # generate: submit -> admission, seconds
     engine_stream: object = None            # generate: its AsyncEngine RequestStream
+    # The responder's note that this request is on its way to the engine (an
+    # engine.arrivals.Arrival); generate closes it when it submits (the responder, if not).
+    arrival: object = None
     completion_tokens: int = 0                                       # detokenize
 
     @property

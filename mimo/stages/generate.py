@@ -58,7 +58,7 @@ class Generate(Stage):
     async def process(self, req: ChatRequest, upstream=None):
         self._check_context(req)
         stream = self.engine.submit(req.prompt_ids, req.params, mm=req.mm_prompt,
-                                    scope=req.cache)
+                                    scope=req.cache, arrival=req.arrival)
         async for g in self.follow(req, stream):
             yield g
 
