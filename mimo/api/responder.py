@@ -93,7 +93,8 @@ class Responder:
             await stream.aclose()
             raise
         finally:        # one that never reached `submit` (refused, failed, cancelled)
-            req.arrival.close()
+            if req.arrival is not None:
+                req.arrival.close()
         return Run(req, stream, first)
 
     def _choices(self, spec: GenerationSpec, n: int) -> list[Choice]:

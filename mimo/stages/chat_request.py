@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..engine.arrivals import Arrival
 from ..engine.sampling_params import SamplingParams
 from ..kvcache.radix.namespace import CacheScope
 from ..multimodal.decoded import DecodedMedia
@@ -61,7 +62,7 @@ class ChatRequest(Request):
     engine_stream: object = None            # generate: its AsyncEngine RequestStream
     # The responder's note that this request is on its way to the engine (an
     # engine.arrivals.Arrival); generate closes it when it submits (the responder, if not).
-    arrival: object = None
+    arrival: Arrival | None = None
     completion_tokens: int = 0                                       # detokenize
 
     @property
