@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..engine.arrivals import Arrival
 from ..engine.sampling_params import SamplingParams
 from ..kvcache.radix.namespace import CacheScope
 from ..multimodal.decoded import DecodedMedia
@@ -21,6 +20,8 @@ from ..pipeline import Request
 
 if TYPE_CHECKING:
     import torch
+
+    from ..engine.async_engine import Arrival
 
 
 class Usage(NamedTuple):
