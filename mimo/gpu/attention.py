@@ -60,6 +60,9 @@ class AttnBatch:
     # whose full-layer KV is already cached in shared pages: those rows are not written.
     write_rows: torch.Tensor | None = None
     decode_lens: torch.Tensor | None = None   # [B] int64: keys each decode row reads (unpadded)
+    # A backend's own description of `prefills`, built by the first layer that needs it and
+    # reused by the rest of the step's layers of this kind (CPUAttention: its span table).
+    backend_spans: object = None
 
 
 def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:

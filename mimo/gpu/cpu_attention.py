@@ -38,6 +38,27 @@ def prefill_path(choice: str, ext, flags: frozenset[str]) -> str:
     return choice if {"amx": amx, "kernel": bf16, "torch": True}[choice] else "torch"
 
 
+def _span_table(batch: AttnBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(every span's key slots end to end, [S, 5] int64 rows (row0, n, slot0, L, offset),
+    window) for `prefill_attention_amx_spans`; built once a step, on the batch."""
+    if batch.backend_spans is None:
+        spans = batch.prefills
+        windows = {s.window for s in spans}
+        if len(windows) > 1:
+            raise ValueError(f"one layer's spans have different windows: {sorted(windows)}")
+        rows, slot0 = [], 0
+        for s in spans:
+            n = s.rows.stop - s.rows.start
+            L = s.kv_slots.shape[0]
+            rows.append((s.rows.start, n, slot0, L, s.offset))
+            slot0 += L
+        slots = (torch.cat([s.kv_slots for s in spans]) if spans
+                 else torch.empty(0, dtype=torch.int64))
+        batch.backend_spans = (slots.contiguous(), torch.tensor(rows, dtype=torch.int64).view(-1, 5),
+                               windows.pop() if windows else 0)
+    return batch.backend_spans
+
+
 def _rows_fit(src: torch.Tensor, cache: torch.Tensor) -> bool:
     """Whether `write_rows` copies src's rows into cache as they are: same dtype, each row
     one contiguous block, a contiguous cache."""
@@ -70,11 +91,15 @@ class CPUAttention(TorchAttention):
                               scale, sinks)
             out.index_copy_(0, batch.decode_rows, od.to(q.dtype))
         sk = _NO_SINKS if sinks is None else sinks.float().contiguous()
-        kernel = (self.ext.prefill_attention_amx if self.prefill == "amx"
-                  else self.ext.prefill_attention)
+        if self.prefill == "amx":       # every span in one call, its rows of `out` in place
+            slots, table, window = _span_table(batch)
+            self.ext.prefill_attention_amx_spans(q.contiguous(), k_cache, v_cache, slots, table,
+                                                 window, float(scale), sk, out)
+            return out
         for span in batch.prefills:     # each writes its rows of `out` (bf16) in place
-            kernel(q[span.rows].contiguous(), k_cache, v_cache, span.kv_slots, span.offset,
-                   span.window, float(scale), sk, out[span.rows])
+            self.ext.prefill_attention(q[span.rows].contiguous(), k_cache, v_cache,
+                                       span.kv_slots, span.offset, span.window, float(scale),
+                                       sk, out[span.rows])
         return out
 
     def write(self, k, v, k_cache, v_cache, batch: AttnBatch) -> None:

@@ -34,9 +34,9 @@ class Counting:
         self.calls += 1
         return self.ext.prefill_attention(*args)
 
-    def prefill_attention_amx(self, *args):
+    def prefill_attention_amx_spans(self, *args):
         self.amx_calls += 1
-        return self.ext.prefill_attention_amx(*args)
+        return self.ext.prefill_attention_amx_spans(*args)
 
 
 # (row count n, start position, key floor, write_from): chunks of one step
@@ -119,7 +119,7 @@ def test_amx_long_chunks_match_brute_force(sinks, window):
     counting = Counting(extension.load("avx512-vnni"))
     attn = run_case(counting, (4, 1, 256, 256), window, sinks, seed=11, spans=LONG_SPANS,
                     prefill="amx")
-    assert attn.prefill == "amx" and counting.amx_calls == 3
+    assert attn.prefill == "amx" and counting.amx_calls == 1     # every span in one call
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
@@ -248,3 +248,76 @@ def test_the_kernels_write_bf16_rows_in_place(isa, kernel, window):
     f32 = torch.empty(n, Hq, D)
     run(q, kc, vc, slots, L - n, window, 0.1, sinks, f32)
     assert torch.equal(f32, want)
+
+
+@pytest.mark.skipif(not AMX, reason="the brgemm kernel runs on AMX CPUs only (this has none)")
+@pytest.mark.parametrize("window", [0, 40])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_the_spans_call_equals_a_call_per_span(window, sinks):
+    """`prefill_attention_amx_spans` (a step's spans in one call, rows of `out` in place)
+    gives each span's rows exactly what a call of its own gives, in any row order, and
+    leaves the rows no span names as they were (a step's decode rows)."""
+    ext = extension.load("avx512-vnni")
+    g = torch.Generator().manual_seed(7)
+    bf = torch.bfloat16
+    Hq, Hkv, D = 8, 2, 64
+    kc, vc = (torch.randn(3000, Hkv, D, generator=g).to(bf) for _ in range(2))
+    # (n, L): a fresh prompt, chunks mid-sequence, a one-row span, an empty one
+    shapes = [(150, 150), (37, 400), (1, 90), (64, 700), (0, 30), (200, 260)]
+    order = [3, 0, 5, 1, 4, 2]                  # rows in the step in another order
+    rows, r = {}, 3                             # rows 0-2 and a gap: "decode rows"
+    for i in order:
+        rows[i] = r
+        r += shapes[i][0] + (2 if i == 1 else 0)
+    T = r + 1
+    q = torch.randn(T, Hq, D, generator=g).to(bf)
+    perm = torch.randperm(3000, generator=g)
+    slots, table, s0 = [], [], 0
+    for i, (n, L) in enumerate(shapes):
+        sl = perm[s0:s0 + L]
+        slots.append(sl)
+        table.append((rows[i], n, s0, L, L - n))
+        s0 += L
+    sk = torch.randn(Hq, generator=g) if sinks else torch.empty(0)
+    out = torch.full((T, Hq, D), 7.0, dtype=bf)
+    ext.prefill_attention_amx_spans(q, kc, vc, torch.cat(slots), torch.tensor(table), window,
+                                    0.125, sk, out)
+    covered = torch.zeros(T, dtype=torch.bool)
+    for i, (n, L) in enumerate(shapes):
+        r0 = rows[i]
+        covered[r0:r0 + n] = True
+        if n == 0:
+            continue
+        want = ext.prefill_attention_amx(q[r0:r0 + n].contiguous(), kc, vc, slots[i], L - n,
+                                         window, 0.125, sk)
+        assert torch.equal(out[r0:r0 + n].view(torch.int16), want.to(bf).view(torch.int16)), i
+    assert (out[~covered] == 7).all()
+    f32 = torch.zeros(T, Hq, D)
+    ext.prefill_attention_amx_spans(q, kc, vc, torch.cat(slots), torch.tensor(table), window,
+                                    0.125, sk, f32)
+    assert torch.equal(f32[covered].to(bf), out[covered]) and (f32[~covered] == 0).all()
+
+
+@pytest.mark.skipif(not AMX, reason="the brgemm kernel runs on AMX CPUs only (this has none)")
+def test_the_spans_call_refuses_bad_tables():
+    ext = extension.load("avx512-vnni")
+    bf = torch.bfloat16
+    q, out = torch.randn(10, 2, 64).to(bf), torch.empty(10, 2, 64, dtype=bf)
+    kc, vc = torch.randn(20, 1, 64).to(bf), torch.randn(20, 1, 64).to(bf)
+    slots, none = torch.arange(12), torch.empty(0)
+
+    def run(table, o=out, s=slots):
+        ext.prefill_attention_amx_spans(q, kc, vc, s, torch.tensor(table), 0, 1.0, none, o)
+    run([(0, 4, 0, 4, 0), (4, 6, 4, 8, 2)])                     # fine
+    with pytest.raises(RuntimeError, match=r"\[S, 5\]"):
+        run([(0, 4, 0, 4)])
+    with pytest.raises(RuntimeError, match="outside q"):
+        run([(8, 4, 0, 4, 0)])
+    with pytest.raises(RuntimeError, match="outside the 12 given"):
+        run([(0, 4, 10, 4, 0)])
+    with pytest.raises(RuntimeError, match="within the keys"):
+        run([(0, 4, 0, 4, 1)])
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        run([(0, 4, 0, 4, 0)], s=torch.tensor([0, 1, 2, 99]))
+    with pytest.raises(RuntimeError, match="out must be"):
+        run([(0, 4, 0, 4, 0)], o=torch.empty(10, 2, 64, dtype=torch.float16))

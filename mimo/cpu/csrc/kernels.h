@@ -40,6 +40,14 @@ torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor&
                                     int64_t offset, int64_t window, double scale,
                                     const torch::Tensor& sinks, const torch::Tensor& out);
 bool prefill_attention_amx_ok();
+// prefill_attention_amx for every prefill span of a step in one call: `spans` [S, 5] int64
+// rows (row0, n, slot0, L, offset): queries q[row0, row0 + n) (q [T, Hq, D]) over keys
+// slots[slot0, slot0 + L), written to the same rows of `out` [T, Hq, Dv] (float32 or bf16);
+// other rows of out are left as they are.
+void prefill_attention_amx_spans(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                 const torch::Tensor& spans, int64_t window, double scale,
+                                 const torch::Tensor& sinks, torch::Tensor out);
 
 // Refuses (naming `name`) anything but a contiguous 2-D bfloat16 or float32 CPU tensor.
 void check_rows(const torch::Tensor& x, const char* name);

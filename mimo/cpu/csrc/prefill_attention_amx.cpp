@@ -15,6 +15,7 @@
 #include <ATen/native/CPUBlas.h>
 #include <immintrin.h>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,11 +43,11 @@ struct Scratch {
     std::vector<int64_t> lo, hi;
 };
 
-// One tile: queries [i0, i1) of KV head g.
+// One tile: queries [i0, i1) of KV head g; the span's queries are rows row0 + i of q and out.
 template <int64_t KB>
 MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vpack,
-                    const float* sinks, const Shape& s, int64_t g, int64_t i0, int64_t i1,
-                    float scale, void* out, bool bf16, Scratch& w) {
+                    const float* sinks, const Shape& s, int64_t row0, int64_t g, int64_t i0,
+                    int64_t i1, float scale, void* out, bool bf16, Scratch& w) {
     const int64_t R = (i1 - i0) * s.rep;
     w.Q.resize(R * s.D);
     w.P.resize(R * KB);
@@ -59,7 +60,8 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
     int64_t lo_max = 0, hi_min = s.L;
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
-        std::memcpy(w.Q.data() + r * s.D, q + (i * s.Hq + h) * s.D, s.D * sizeof(uint16_t));
+        std::memcpy(w.Q.data() + r * s.D, q + ((row0 + i) * s.Hq + h) * s.D,
+                    s.D * sizeof(uint16_t));
         visible(s, i, w.lo[r], w.hi[r]);
         lo_max = std::max(lo_max, w.lo[r]);
         hi_min = std::min(hi_min, w.hi[r]);
@@ -86,8 +88,76 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
         store_row(w.O.data() + r * s.Dv, w.l[r] > 0.f ? 1.f / w.l[r] : 0.f, s.Dv, out, bf16,
-                  i * s.Hq + h);
+                  (row0 + i) * s.Hq + h);
     }
+}
+
+// One span of a step: its shape, its first row in q and out, its slots, and where its
+// packed blocks start (in blocks of the step's pack).
+struct Span {
+    Shape s;
+    int64_t row0;
+    const int64_t* slots;
+    int64_t block0;
+};
+
+// Every span of a step (the spans of one layer share window, scale and sinks): one parallel
+// region packs all their blocks and one computes all their tiles, so a step of several
+// prompts pays one fork and join per layer, not two per prompt, and its threads share the
+// prompts' tiles instead of splitting each prompt's few.
+template <int64_t KB>
+void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+               std::vector<Span>& spans, double scale, const torch::Tensor& sinks,
+               torch::Tensor& out) {
+    int64_t blocks = 0;
+    std::vector<std::array<int64_t, 3>> packs, tiles;   // (span, g, block) / (span, g, tile)
+    for (int64_t x = 0; x < static_cast<int64_t>(spans.size()); ++x) {
+        Span& sp = spans[x];
+        const Shape& s = sp.s;
+        sp.block0 = blocks;
+        blocks += s.Hkv * s.nblk;
+        int64_t lo0, unused;
+        visible(s, 0, lo0, unused);
+        const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
+        for (int64_t g = 0; g < s.Hkv; ++g) {
+            for (int64_t b = lo0 / KB; b < s.nblk; ++b) packs.push_back({x, g, b});
+            for (int64_t t = 0; t * tq < s.n; ++t) tiles.push_back({x, g, t});
+        }
+    }
+    if (tiles.empty()) return;
+    const Shape& s0 = spans[0].s;
+    auto kpack = torch::empty({blocks * KB * s0.D}, q.options());
+    auto vpack = torch::empty({blocks * KB * s0.Dv}, q.options());
+    auto* kp = reinterpret_cast<uint16_t*>(kpack.data_ptr<at::BFloat16>());
+    auto* vp = reinterpret_cast<uint16_t*>(vpack.data_ptr<at::BFloat16>());
+    const auto* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>());
+    const auto* vc = reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>());
+    at::parallel_for(0, static_cast<int64_t>(packs.size()), 4, [&](int64_t a, int64_t e) {
+        for (int64_t x = a; x < e; ++x) {
+            const auto [i, g, b] = packs[x];
+            const Span& sp = spans[i];
+            const int64_t blk = sp.block0 + g * sp.s.nblk + b;
+            pack<KB>(kc, vc, sp.slots, sp.s, g, b,
+                     reinterpret_cast<uint32_t*>(kp) + blk * KB * (sp.s.D / 2),
+                     vp + blk * KB * sp.s.Dv);
+        }
+    });
+    const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
+    const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
+    void* op = out.data_ptr();
+    const bool bf16 = out.scalar_type() == torch::kBFloat16;
+    at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t a, int64_t e) {
+        Scratch w;
+        for (int64_t x = a; x < e; ++x) {
+            const auto [i, g, t] = tiles[x];
+            const Span& sp = spans[i];
+            const int64_t tq = std::max<int64_t>(1, TILE_ROWS / sp.s.rep);
+            tile<KB>(qp, kp + sp.block0 * KB * sp.s.D, vp + sp.block0 * KB * sp.s.Dv, sk, sp.s,
+                     sp.row0, g, t * tq, std::min(sp.s.n, (t + 1) * tq),
+                     static_cast<float>(scale), op, bf16, w);
+        }
+        cpublas::brgemm_release();     // the AMX tile state, back before oneDNN's next call
+    });
 }
 
 template <int64_t KB>
@@ -97,30 +167,38 @@ torch::Tensor run(const torch::Tensor& q, const torch::Tensor& k_cache,
                   const torch::Tensor& into) {
     const Shape s = span_shape(q, k_cache, v_cache, slots, offset, window, sinks, KB);
     torch::Tensor out = output_for(into, s, q);
-    if (s.n == 0) return out;
-    auto kpack = torch::empty({s.Hkv * s.nblk * KB * s.D}, q.options());
-    auto vpack = torch::empty({s.Hkv * s.nblk * KB * s.Dv}, q.options());
-    auto* kp = reinterpret_cast<uint16_t*>(kpack.data_ptr<at::BFloat16>());
-    auto* vp = reinterpret_cast<uint16_t*>(vpack.data_ptr<at::BFloat16>());
-    pack_span<KB>(reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()),
-                  reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()),
-                  slots.data_ptr<int64_t>(), s, reinterpret_cast<uint32_t*>(kp), vp);
-    const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
-    const int64_t ntiles = (s.n + tq - 1) / tq;
-    const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
-    const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
-    void* op = out.data_ptr();
-    const bool bf16 = out.scalar_type() == torch::kBFloat16;
-    at::parallel_for(0, s.Hkv * ntiles, 1, [&](int64_t a, int64_t e) {
-        Scratch w;
-        for (int64_t x = a; x < e; ++x) {
-            const int64_t g = x / ntiles, t = x % ntiles;
-            tile<KB>(qp, kp, vp, sk, s, g, t * tq, std::min(s.n, (t + 1) * tq),
-                     static_cast<float>(scale), op, bf16, w);
-        }
-        cpublas::brgemm_release();     // the AMX tile state, back before oneDNN's next call
-    });
+    std::vector<Span> spans{{s, 0, slots.data_ptr<int64_t>(), 0}};
+    run_spans<KB>(q, k_cache, v_cache, spans, scale, sinks, out);
     return out;
+}
+
+// The spans of `table` [S, 5] int64 rows (row0, n, slot0, L, offset): queries q[row0, row0
+// + n) over keys slots[slot0, slot0 + L), each checked as a call of its own would be.
+template <int64_t KB>
+void run_table(const torch::Tensor& q, const torch::Tensor& k_cache,
+               const torch::Tensor& v_cache, const torch::Tensor& slots,
+               const torch::Tensor& table, int64_t window, double scale,
+               const torch::Tensor& sinks, torch::Tensor& out) {
+    TORCH_CHECK(table.dim() == 2 && table.size(1) == 5 && table.scalar_type() == torch::kInt64 &&
+                table.is_contiguous(), "spans must be contiguous int64 [S, 5]: row0, n, slot0, L, offset");
+    TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && out.size(0) == q.size(0) && out.size(1) == q.size(1),
+                "out must be [T, Hq, Dv] for q [T, Hq, D]");
+    TORCH_CHECK(slots.dim() == 1 && slots.scalar_type() == torch::kInt64 && slots.is_contiguous(),
+                "slots must be a contiguous int64 vector");
+    const int64_t* t = table.data_ptr<int64_t>();
+    std::vector<Span> spans;
+    for (int64_t x = 0; x < table.size(0); ++x, t += 5) {
+        const int64_t row0 = t[0], n = t[1], slot0 = t[2], L = t[3];
+        TORCH_CHECK(row0 >= 0 && n >= 0 && row0 + n <= q.size(0), "span ", x, ": rows [", row0,
+                    ", ", row0 + n, ") outside q's ", q.size(0));
+        TORCH_CHECK(slot0 >= 0 && L >= 0 && slot0 + L <= slots.size(0), "span ", x, ": slots [",
+                    slot0, ", ", slot0 + L, ") outside the ", slots.size(0), " given");
+        const Shape s = span_shape(q.narrow(0, row0, n), k_cache, v_cache, slots.narrow(0, slot0, L),
+                                   t[4], window, sinks, KB);
+        output_for(out.narrow(0, row0, n), s, q);       // (its checks)
+        if (s.n > 0) spans.push_back({s, row0, slots.data_ptr<int64_t>() + slot0, 0});
+    }
+    if (!spans.empty()) run_spans<KB>(q, k_cache, v_cache, spans, scale, sinks, out);
 }
 
 }  // namespace
@@ -140,6 +218,18 @@ torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor&
         : run<KB_FULL>(q, k_cache, v_cache, slots, offset, window, scale, sinks, out);
 }
 
+void prefill_attention_amx_spans(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                 const torch::Tensor& spans, int64_t window, double scale,
+                                 const torch::Tensor& sinks, torch::Tensor out) {
+    TORCH_CHECK(prefill_attention_amx_ok(),
+                "prefill_attention_amx needs AVX512-BF16 and oneDNN's bf16 brgemm (AMX)");
+    if (window > 0)
+        run_table<KB_WINDOW>(q, k_cache, v_cache, slots, spans, window, scale, sinks, out);
+    else
+        run_table<KB_FULL>(q, k_cache, v_cache, slots, spans, window, scale, sinks, out);
+}
+
 #else   // the AVX2 build: not available (callers keep the other paths)
 
 bool prefill_attention_amx_ok() { return false; }
@@ -149,6 +239,12 @@ torch::Tensor prefill_attention_amx(const torch::Tensor&, const torch::Tensor&,
                                     int64_t, double, const torch::Tensor&, const torch::Tensor&) {
     TORCH_CHECK(false, "prefill_attention_amx is in the avx512-vnni build only");
     return {};
+}
+
+void prefill_attention_amx_spans(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&,
+                                 const torch::Tensor&, const torch::Tensor&, int64_t, double,
+                                 const torch::Tensor&, torch::Tensor) {
+    TORCH_CHECK(false, "prefill_attention_amx is in the avx512-vnni build only");
 }
 
 #endif

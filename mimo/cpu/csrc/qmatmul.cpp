@@ -300,6 +300,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "prefill_attention on oneDNN's brgemm (AMX tiles)",
           MIMO_PREFILL_ARGS, py::call_guard<py::gil_scoped_release>());
 #undef MIMO_PREFILL_ARGS
+    m.def("prefill_attention_amx_spans", &prefill_attention_amx_spans,
+          "prefill_attention_amx for every span of a step (rows row0, n, slot0, L, offset)",
+          py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("slots"),
+          py::arg("spans"), py::arg("window"), py::arg("scale"), py::arg("sinks"), py::arg("out"),
+          py::call_guard<py::gil_scoped_release>());
     m.def("prefill_attention_amx_ok", &prefill_attention_amx_ok,
           "whether this build has prefill_attention_amx and torch's bf16 brgemm runs here");
     m.def("rms_norm_rows", &rms_norm_rows, "RMSNorm of each row in its dtype (bf16/f32)",
