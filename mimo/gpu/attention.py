@@ -27,14 +27,28 @@ PREFILL_QUERY_BLOCK = 128
 class PrefillSpan:
     rows: slice                 # this sequence's query rows in the flattened batch
     kv_slots: torch.Tensor      # [L] cache slots of the keys it reads, in position order
-    mask: torch.Tensor | None   # [q, L] bool (True: may attend); None: plain causal on aligned ends
     # (query rows, key columns) of each block, both relative to the span; every key a query
     # of the block may see lies in its columns (the visible keys of a query are contiguous).
     blocks: list[tuple[slice, slice]] | None = None
-    # The same visibility as numbers: query i sees keys j with j <= offset + i and, when
-    # window > 0, j > offset + i - window (kernels that take no mask read these).
+    # What each query sees: query i sees keys j with j <= offset + i and, when window > 0,
+    # j > offset + i - window (kernels that take no mask read these).
     offset: int = 0
     window: int = 0
+    _mask: torch.Tensor | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """[q, L] bool (True: may attend), the same visibility as a mask; built when a path
+        first asks (mimo's CPU kernels never do: a long chunk's mask is millions of bools)."""
+        if self._mask is None:
+            n, L = self.rows.stop - self.rows.start, self.kv_slots.shape[0]
+            kpos = torch.arange(L, device=self.kv_slots.device)
+            qpos = torch.arange(self.offset, self.offset + n, device=self.kv_slots.device)
+            m = kpos[None, :] <= qpos[:, None]
+            if self.window:
+                m &= kpos[None, :] > qpos[:, None] - self.window
+            self._mask = m
+        return self._mask
 
 
 def _query_blocks(start: int, n: int, lo: int, window: int | None) -> list[tuple[slice, slice]]:
@@ -86,12 +100,7 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             dec_rows.append(row)
             dec_slots.append(slots)
         else:
-            kpos = torch.arange(lo, end)
-            qpos = torch.arange(start, end)
-            m = kpos[None, :] <= qpos[:, None]
-            if window is not None:
-                m &= kpos[None, :] > qpos[:, None] - window
-            prefills.append(PrefillSpan(slice(row, row + n), slots.to(device), m.to(device),
+            prefills.append(PrefillSpan(slice(row, row + n), slots.to(device),
                                         _query_blocks(start, n, lo, window), start - lo,
                                         window or 0))
     batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
@@ -222,7 +231,7 @@ class TorchAttention(AttentionBackend):
             # no mask tensor, and the flash kernel skips the blocks above the diagonal.
             op = F.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale,
                                                 enable_gqa=qp.shape[1] != kp.shape[1])
-        elif span.blocks is None or len(span.blocks) == 1 or span.mask is None:
+        elif span.blocks is None or len(span.blocks) == 1:
             op = _sdpa(qp, kp, vp, span.mask, scale, sinks)
         else:
             op = torch.cat([_sdpa(qp[:, :, r], kp[:, :, c], vp[:, :, c], span.mask[r, c],
