@@ -71,6 +71,7 @@ def test_every_arrival_is_closed(tiny_hf_dir):
             await asyncio.sleep(0.05)
         pending = ae.arrivals.pending
         await ae.stop()
+        eng.check_integrity()       # free + evictable + in_use == capacity, nothing held
         return opened, pending
 
     opened, pending = asyncio.run(main())

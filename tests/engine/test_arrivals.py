@@ -36,12 +36,19 @@ def test_gather_wait_must_not_be_negative(tiny_hf_dir):
         AsyncEngine(eng, gather_wait=-1)
 
 
-def _engine(tiny_hf_dir, gather_wait: float) -> tuple[AsyncEngine, list[list[int]]]:
+class Recorded(list):
+    """The prompt tokens each step computes; `engine`: the engine, for its integrity check
+    once the AsyncEngine has stopped (its thread no longer touches it)."""
+    engine: LLMEngine
+
+
+def _engine(tiny_hf_dir, gather_wait: float) -> tuple[AsyncEngine, Recorded]:
     """An AsyncEngine whose steps record the prompt tokens each one computes."""
-    steps: list[list[int]] = []
+    steps = Recorded()
 
     def factory() -> LLMEngine:
-        eng = LLMEngine(engine_config(str(tiny_hf_dir[0]), **OPTS), progress=False)
+        eng = steps.engine = LLMEngine(engine_config(str(tiny_hf_dir[0]), **OPTS),
+                                       progress=False)
         schedule = eng.scheduler.schedule
 
         def recorded(*a, **k):
@@ -79,6 +86,7 @@ def test_an_idle_engine_plans_a_request_on_its_way_into_its_first_step(tiny_hf_d
             await ae.stop()
 
     (a, b), took = asyncio.run(run())
+    steps.engine.check_integrity()      # free + evictable + in_use == capacity, nothing held
     assert len(a) == 2 and len(b) == 2
     assert steps[0] == [3, 5]               # both prompts in the first step
     assert took < 10                        # it went on when the second came, not at 30 s
@@ -98,6 +106,7 @@ def test_a_lone_request_does_not_wait(tiny_hf_dir):
             await ae.stop()
 
     out, took = asyncio.run(run())
+    steps.engine.check_integrity()
     assert len(out) == 2 and took < 10 and steps[0] == [3]
 
 
@@ -117,6 +126,7 @@ def test_an_arrival_given_up_releases_the_wait(tiny_hf_dir):
             await ae.stop()
 
     out, took = asyncio.run(run())
+    steps.engine.check_integrity()
     assert len(out) == 2 and 0.25 < took < 10 and steps[0] == [3]
 
 
@@ -144,5 +154,6 @@ def test_the_wait_is_bounded_and_a_busy_engine_does_not_wait(tiny_hf_dir):
             await ae.stop()
 
     waited, joined, second, rest = asyncio.run(run())
+    steps.engine.check_integrity()
     assert 0.95 < waited < 10               # waited for the arrival, at most gather_wait
     assert joined < 0.9 and len(second) == 2 and rest
