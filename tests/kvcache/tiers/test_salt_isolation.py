@@ -82,21 +82,41 @@ def test_host_tier_reads_across_salts_miss(loaded, prompt, reference):
     assert l2.hit_tokens >= HIT - PAGE
 
 
+def _write_alice(loaded, kw, prompt, reference):
+    """The prompt's pages into the store under "alice", from a fresh engine. A write the
+    store refuses is a dropped write (the tier's rule: a later miss, never an error), as a
+    batch on a loaded machine can be; this case is about reads, so a refused write is made
+    again, at most 3 times, and what each try saw is in the message if none lands."""
+    tries = []
+    for _ in range(3):
+        first = LLM("tiny", loaded=loaded, **kw)
+        try:
+            got = run(first, prompt, "alice", reference)
+            assert got == 0 or tries, got        # nothing stored before the first try
+            assert first.engine.flush_tiers()
+            stats = first.engine.cache.storage.stats
+            tries.append((stats.pages, stats.failed, stats.dropped,
+                          {k: v for k, v in first.engine.cache.storage.storage.stats.errors.items()
+                           if v}))
+            if stats.failed == stats.dropped == 0:
+                return
+        finally:
+            first.engine.close()
+    raise AssertionError(f"the store refused the writes 3 times: {tries}")
+
+
 def _storage_case(loaded, prompt, reference, url):
     kw = dict(kv_cache_memory="8MiB", kv_storage=url, **BASE)
-    first = LLM("tiny", loaded=loaded, **kw)
-    try:
-        assert run(first, prompt, "alice", reference) == 0
-        assert first.engine.flush_tiers()
-    finally:
-        first.engine.close()
+    _write_alice(loaded, kw, prompt, reference)
     for salt in ("bob", None, "alice"):
         # A fresh engine each time (an empty L1: the store is the only place to hit).
         other = LLM("tiny", loaded=loaded, **kw)
         try:
             got = run(other, prompt, salt, reference)
             l3 = other.engine.cache.l3.hit_tokens
-            assert (got, l3) == ((HIT, HIT) if salt == "alice" else (0, 0)), salt
+            st = other.engine.cache.storage.stats
+            assert (got, l3) == ((HIT, HIT) if salt == "alice" else (0, 0)), \
+                (salt, st.fetches, st.fetch_timeouts, st.fetch_errors)
             assert other.engine.flush_tiers()
         finally:
             other.engine.close()
