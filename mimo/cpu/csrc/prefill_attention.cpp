@@ -141,13 +141,19 @@ torch::Tensor prefill_attention(const torch::Tensor& q, const torch::Tensor& k_c
     const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
     void* op = out.data_ptr();
     const bool bf16 = out.scalar_type() == torch::kBFloat16;
-    at::parallel_for(0, s.Hkv * ntiles, 1, [&](int64_t a, int64_t e) {
-        for (int64_t x = a; x < e; ++x) {
+    struct NoState {};
+    largest_first<NoState>(
+        s.Hkv * ntiles,
+        [&](int64_t x) {
+            const int64_t t = x % ntiles;
+            return tile_blocks(s, t * tq, std::min(s.n, (t + 1) * tq), TK);
+        },
+        [&](int64_t x, NoState&) {
             const int64_t g = x / ntiles, t = x % ntiles;
             tile(qp, kp, vp, sk, s, g, t * tq, std::min(s.n, (t + 1) * tq),
                  static_cast<float>(scale), op, bf16);
-        }
-    });
+        },
+        [] {});
     return out;
 }
 

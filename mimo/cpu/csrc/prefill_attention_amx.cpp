@@ -16,7 +16,6 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -111,7 +110,8 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
                std::vector<Span>& spans, double scale, const torch::Tensor& sinks,
                torch::Tensor& out) {
     int64_t blocks = 0;
-    std::vector<std::array<int64_t, 3>> packs, tiles;   // (span, g, block) / (span, g, tile)
+    std::vector<std::array<int64_t, 3>> packs;    // (span, g, block)
+    std::vector<std::array<int64_t, 4>> tiles;    // (span, g, first query, end query)
     for (int64_t x = 0; x < static_cast<int64_t>(spans.size()); ++x) {
         Span& sp = spans[x];
         const Shape& s = sp.s;
@@ -122,28 +122,11 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
         const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
         for (int64_t g = 0; g < s.Hkv; ++g) {
             for (int64_t b = lo0 / KB; b < s.nblk; ++b) packs.push_back({x, g, b});
-            for (int64_t t = 0; t * tq < s.n; ++t) tiles.push_back({x, g, t});
+            for (int64_t i = 0; i < s.n; i += tq)
+                tiles.push_back({x, g, i, std::min(s.n, i + tq)});
         }
     }
     if (tiles.empty()) return;
-    // Largest first (by key blocks visited), each thread taking the next tile as it frees
-    // up: a causal span's tiles cost from one block to all of them, and one contiguous
-    // range per thread left the thread with the late tiles working alone (a 256-token
-    // prompt's 8 tiles split 1-4 / 5-8: 10 against 26 blocks' work).
-    std::vector<int64_t> cost(tiles.size());
-    for (size_t x = 0; x < tiles.size(); ++x) {
-        const auto [i, g, t] = tiles[x];
-        const Shape& s = spans[i].s;
-        const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
-        int64_t lo, hi, unused;
-        visible(s, t * tq, lo, unused);
-        visible(s, std::min(s.n, (t + 1) * tq) - 1, unused, hi);
-        cost[x] = (hi + KB - 1) / KB - lo / KB;
-    }
-    std::vector<int64_t> order(tiles.size());
-    for (size_t x = 0; x < order.size(); ++x) order[x] = static_cast<int64_t>(x);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int64_t a, int64_t b) { return cost[a] > cost[b]; });
     const Shape& s0 = spans[0].s;
     auto kpack = torch::empty({blocks * KB * s0.D}, q.options());
     auto vpack = torch::empty({blocks * KB * s0.Dv}, q.options());
@@ -165,21 +148,20 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
     const float* sk = sinks.defined() && sinks.numel() ? sinks.data_ptr<float>() : nullptr;
     void* op = out.data_ptr();
     const bool bf16 = out.scalar_type() == torch::kBFloat16;
-    std::atomic<int64_t> next{0};
-    const int64_t n_tiles = static_cast<int64_t>(tiles.size());
-    at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tiles), 1,
-                     [&](int64_t, int64_t) {
-        Scratch w;
-        for (int64_t y; (y = next.fetch_add(1, std::memory_order_relaxed)) < n_tiles;) {
-            const auto [i, g, t] = tiles[order[y]];
+    largest_first<Scratch>(
+        static_cast<int64_t>(tiles.size()),
+        [&](int64_t x) {
+            const auto [i, g, i0, i1] = tiles[x];
+            return tile_blocks(spans[i].s, i0, i1, KB);
+        },
+        [&](int64_t x, Scratch& w) {
+            const auto [i, g, i0, i1] = tiles[x];
             const Span& sp = spans[i];
-            const int64_t tq = std::max<int64_t>(1, TILE_ROWS / sp.s.rep);
             tile<KB>(qp, kp + sp.block0 * KB * sp.s.D, vp + sp.block0 * KB * sp.s.Dv, sk, sp.s,
-                     sp.row0, g, t * tq, std::min(sp.s.n, (t + 1) * tq),
-                     static_cast<float>(scale), op, bf16, w);
-        }
-        cpublas::brgemm_release();     // the AMX tile state, back before oneDNN's next call
-    });
+                     sp.row0, g, i0, i1, static_cast<float>(scale), op, bf16, w);
+        },
+        // the AMX tile state, back before oneDNN's next call
+        [] { cpublas::brgemm_release(); });
 }
 
 template <int64_t KB>
