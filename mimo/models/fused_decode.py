@@ -46,10 +46,13 @@ def _norms(layer: Any) -> list[RMSNorm] | None:
 def fuse_layer(ops: Any, layer: Any, rope: Rotary) -> Any | None:
     """The `DecodeLayer` for `layer`, or None when it has a part the C++ layer does not
     run: a non-dense MLP (MoE), a projection without blocks, a q/k/v bias, norms of other
-    kinds or epsilons, a dtype other than bf16/float32."""
+    kinds or epsilons, a dtype other than bf16/float32, more query heads per KV head than
+    its attention takes (`ops.max_rep`)."""
     attn, mlp = getattr(layer, "attn", None), getattr(layer, "mlp", None)
     norms = _norms(layer)
     if not isinstance(attn, Attention) or not isinstance(mlp, GatedMLP) or norms is None:
+        return None
+    if attn.hq % attn.hkv or attn.hq // attn.hkv > ops.max_rep:
         return None
     if attn.qkv_bias is not None or rope.cos.shape[-1] > attn.d:
         return None

@@ -194,6 +194,18 @@ def test_tiny_gemma3_greedy_tokens_fused_equal_plain(dtype, monkeypatch):
     assert len(calls) > 0
 
 
+def test_more_query_heads_per_kv_head_than_the_kernel_takes_stay_plain(ops):
+    """32 query heads on one KV head (the decode attention takes at most `max_rep`): no
+    layer is fused, and decoding runs the plain layers, as with fusing off."""
+    from helpers.tiny_models import random_prompts
+    assert ops.max_rep < 32
+    wide = dict(num_attention_heads=32, num_key_value_heads=1, head_dim=8)
+    prompts = [{"prompt_token_ids": p} for p in random_prompts(3, [5, 19])]
+    llm = _tiny_engine("float32", "auto", **wide)
+    assert llm.engine.weights.fused_layers == 0
+    assert _greedy(llm, prompts) == _greedy(_tiny_engine("float32", "off", **wide), prompts)
+
+
 def test_steps_the_fused_layers_do_not_run():
     """Prefill rows, rows whose K/V are not written, and paged backends take the plain path."""
     x = torch.zeros(2, 8)
