@@ -76,16 +76,14 @@ class LMHead(nn.Module):
         bf16 weights) and the best of those wins, the lower id on a tie."""
         best = logits.max(dim=1).values                                           # [rows]
         step = torch.exp2(torch.floor(torch.log2(best.abs().clamp(min=2.0 ** -120))) - 7)
-        out = []
+        near = logits >= (best - step)[:, None]
+        out = torch.argmax(logits, dim=1)           # the answer where one token is near
         w = self.linear.weight
-        for r in range(logits.shape[0]):
-            cand = torch.nonzero(logits[r] >= best[r] - step[r]).view(-1)
-            if cand.numel() <= 1:
-                out.append(int(cand[0]) if cand.numel() else int(torch.argmax(logits[r])))
-                continue
+        for r in torch.nonzero(near.sum(dim=1) > 1).view(-1).tolist():
+            cand = torch.nonzero(near[r]).view(-1)
             exact = w.index_select(0, cand).float() @ h[r].float()
-            out.append(int(cand[torch.argmax(exact)]))
-        return out
+            out[r] = cand[torch.argmax(exact)]
+        return out.tolist()
 
     def _weights_int8(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The int8 weights and their row scales (quantize_int8 sets both)."""

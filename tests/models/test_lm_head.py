@@ -97,3 +97,16 @@ def test_bf16_logits_that_tie_are_rescored_in_float32():
     masked = h.double() @ head.linear.weight.double().T
     masked[:, 300] = float("-inf")
     assert head.greedy(h, allowed) == torch.argmax(masked, dim=-1).tolist()
+
+
+def test_bf16_rows_each_get_the_exact_argmax():
+    """48 rows of bf16 logits (no int8 copy): each row's answer is the float64 argmax of
+    its product (the rows with near-ties rescored, the others taken as they are)."""
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(3000, 64, generator=g)
+    w[1000:1100] = w[2000:2100] + 1e-3 * torch.randn(100, 64, generator=g)  # near-twins
+    head = LMHead(Linear(w.to(torch.bfloat16)))
+    h = (torch.randn(48, 64, generator=g) * 3).to(torch.bfloat16)
+    h[::4] = head.linear.weight[2000:2012].float().mul(4).to(torch.bfloat16)    # twins win
+    want = torch.argmax(h.double() @ head.linear.weight.double().T, dim=-1).tolist()
+    assert head.greedy(h) == want
