@@ -49,7 +49,8 @@ class TierConfig:
     `kv_storage`: 'file:DIR', 'redis://HOST:PORT[/DB]' or 'redis-cluster://HOST:PORT[,...]'
     (None: no L3). `kv_disk_cap`: byte cap of a file: store (None: unbounded).
     `kv_storage_timeout`: deadline in seconds of one storage lookup or write batch; past it
-    the lookup is a miss. `kv_keepalive`: seconds between refreshes of a hot prefix's L3 keys
+    the lookup is a miss (a Redis client's connect and socket timeouts are this deadline
+    too). `kv_keepalive`: seconds between refreshes of a hot prefix's L3 keys
     (0: never), so an L3 with its own eviction keeps what L1/L2 keep hitting.
     `kv_storage_write`: 'through' (prefixes written as their prefill runs and when their
     request ends) or 'off' (read only). `kv_write_queue`: write batches waiting for

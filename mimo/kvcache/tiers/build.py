@@ -48,7 +48,8 @@ def build_tiers(cfg: TierConfig, l1: RadixPrefixCache, fingerprint: bytes) -> Ti
     if cfg.kv_storage is not None:
         from .storage import open_storage
         from .storage_tier import StorageTier
-        backend = open_storage(cfg.kv_storage, disk_cap=cfg.kv_disk_cap)
+        backend = open_storage(cfg.kv_storage, disk_cap=cfg.kv_disk_cap,
+                               timeout=cfg.kv_storage_timeout)
         storage = StorageTier(backend, keys, io, pool.window, cfg.kv_storage_timeout,
                               cfg.kv_write_queue)
     return TieredPrefixCache(l1, keys, io, host, storage, cfg)

@@ -145,9 +145,14 @@ class KVStorage(ABC):
 class StoreFactory(Protocol):
     """Makes the backend a URL of one scheme names. `disk_cap` (bytes, None = no cap) and
     `min_age` (seconds an entry is safe from eviction after its last use) are the file
-    store's; a backend without such settings ignores them (Redis has `maxmemory`)."""
+    store's; a backend without such settings ignores them (Redis has `maxmemory`).
+    `timeout`: the tier's deadline for a batch, which a network client's connect and socket
+    timeouts are set to: the deadline alone decides when a call has failed (a 0.5 s connect
+    timeout failed a whole batch whose loop noticed the connection late, the deadline not
+    yet spent)."""
 
-    def __call__(self, url: str, *, disk_cap: int | None, min_age: float) -> KVStorage: ...
+    def __call__(self, url: str, *, disk_cap: int | None, min_age: float,
+                 timeout: float) -> KVStorage: ...
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,8 @@ class StoreScheme:
     slashes: bool = True        # written scheme://...; False: scheme:REST too (file:DIR)
 
 
-def _file_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+def _file_store(url: str, *, disk_cap: int | None, min_age: float,
+                timeout: float) -> KVStorage:
     from .file_store import FileStore
     path = url[len("file://"):] if url.startswith("file://") else url[len("file:"):]
     if not path:
@@ -165,14 +171,16 @@ def _file_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
     return FileStore(path, disk_cap=disk_cap, min_age=min_age)
 
 
-def _redis_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+def _redis_store(url: str, *, disk_cap: int | None, min_age: float,
+                 timeout: float) -> KVStorage:
     from .redis_store import RedisStore
-    return RedisStore(url)
+    return RedisStore(url, connect_timeout=timeout, socket_timeout=timeout)
 
 
-def _redis_cluster_store(url: str, *, disk_cap: int | None, min_age: float) -> KVStorage:
+def _redis_cluster_store(url: str, *, disk_cap: int | None, min_age: float,
+                         timeout: float) -> KVStorage:
     from .redis_cluster_store import RedisClusterStore
-    return RedisClusterStore(url)
+    return RedisClusterStore(url, connect_timeout=timeout, socket_timeout=timeout)
 
 
 # The backends by URL scheme (the backends' modules load on first use: Redis's client is
@@ -186,12 +194,13 @@ STORES: dict[str, StoreScheme] = {
 ACCEPTED = tuple(s.usage for name, s in STORES.items() if name != "rediss")
 
 
-def open_storage(url: str, *, disk_cap: int | None = None, min_age: float = 1.0) -> KVStorage:
+def open_storage(url: str, *, disk_cap: int | None = None, min_age: float = 1.0,
+                 timeout: float = 2.0) -> KVStorage:
     """The backend named by `url`, chosen by its scheme (`STORES`). Nothing is connected or
-    read here: that happens on first use."""
+    read here: that happens on first use. `timeout`: the tier's deadline (StoreFactory)."""
     scheme, colon, rest = url.partition(":")
     entry = STORES.get(scheme) if colon else None
     if entry is None or (entry.slashes and not rest.startswith("//")):
         raise ValueError(f"unknown KV storage URL {url!r}: known schemes "
                          f"{', '.join(STORES)}; accepted: {', '.join(ACCEPTED)}")
-    return entry.factory(url, disk_cap=disk_cap, min_age=min_age)
+    return entry.factory(url, disk_cap=disk_cap, min_age=min_age, timeout=timeout)

@@ -8,6 +8,7 @@ import random
 
 import pytest
 from helpers.redis_servers import RedisCluster3
+from helpers.stalls import stall_after_first_client
 
 from mimo.kvcache.tiers.redis_cluster_store import RedisClusterStore
 from mimo.kvcache.tiers.storage import open_storage
@@ -134,3 +135,19 @@ def test_unreachable_cluster_misses_and_does_not_raise():
             await store.aclose()
     assert asyncio.run(main()) == ([None, None], [False])
     assert store.stats.errors["unavailable"] == 3
+
+
+def test_connections_the_loop_notices_late_land_within_the_deadline(cluster, monkeypatch):
+    """The masters' connections open together; the loop stalls 0.8 s among them. With the
+    tier's 2 s deadline as the clients' connect timeout every key lands (with 0.5 s of
+    their own, every master's connection failed and so did the whole batch)."""
+    stall_after_first_client(monkeypatch, 0.8)
+    store = open_storage(cluster.url, timeout=2.0)
+    items = _items(40, seed=9)
+
+    async def main():
+        try:
+            return await asyncio.wait_for(store.put(items, 2.0), GUARD)
+        finally:
+            await store.aclose()
+    assert asyncio.run(main()) == [True] * len(items)

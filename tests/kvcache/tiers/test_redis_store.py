@@ -10,6 +10,7 @@ import socket
 
 import pytest
 from helpers.redis_servers import RedisServer
+from helpers.stalls import stall_after_first_client
 
 from mimo.kvcache.tiers.redis_store import RedisStore
 from mimo.kvcache.tiers.storage import open_storage
@@ -180,3 +181,18 @@ def test_password_in_url_is_used_and_never_shown():
                 await bad.aclose()
         assert asyncio.run(main()) == ([b"v"], [None])
     assert bad.stats.errors["unavailable"] == 1
+
+
+def test_a_connection_the_loop_notices_late_lands_within_the_deadline(server, monkeypatch):
+    """The batch has 2 s and the loop notices its new connection 0.8 s late: the client's
+    connect timeout is the tier's deadline (`open_storage`'s `timeout`), so the write lands;
+    a 0.5 s connect timeout of its own failed the whole batch."""
+    stall_after_first_client(monkeypatch, 0.8)
+    store = open_storage(server.url, timeout=2.0)
+
+    async def main():
+        try:
+            return await _guarded(store.put(_items("s", 8, 100), 2.0))
+        finally:
+            await store.aclose()
+    assert asyncio.run(main()) == [True] * 8

@@ -220,14 +220,14 @@ def test_an_unknown_scheme_is_refused_naming_the_known_ones():
 def test_a_registered_scheme_gets_the_url_and_the_settings(monkeypatch, tmp_path):
     seen = []
 
-    def factory(url, *, disk_cap, min_age):
-        seen.append((url, disk_cap, min_age))
+    def factory(url, *, disk_cap, min_age, timeout):
+        seen.append((url, disk_cap, min_age, timeout))
         return storage.STORES["file"].factory(f"file:{tmp_path}", disk_cap=disk_cap,
-                                              min_age=min_age)
+                                              min_age=min_age, timeout=timeout)
 
     monkeypatch.setitem(storage.STORES, "mem", storage.StoreScheme(factory, "mem://NAME"))
-    assert open_storage("mem://x", disk_cap=7, min_age=2.0).describe() == \
+    assert open_storage("mem://x", disk_cap=7, min_age=2.0, timeout=3.5).describe() == \
         f"file:{tmp_path} (cap 7 bytes)"
-    assert seen == [("mem://x", 7, 2.0)]
+    assert seen == [("mem://x", 7, 2.0, 3.5)]
     with pytest.raises(ValueError, match="mem"):
         open_storage("mem:x")       # registered as scheme://
