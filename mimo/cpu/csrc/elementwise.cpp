@@ -53,9 +53,8 @@ void act_rows(const T* gu, T* m, int64_t rows, int64_t I, bool gelu, bool bf16) 
 #ifdef __AVX512F__
             // 16 lanes where the build has them: the same operations per element as below.
             for (; i + 16 <= I; i += 16) {
-                __m512 a = mimo_vec::act16(load16(g + i), gelu);
-                if (bf16) a = mimo_vec::bf16_round16(a);
-                store16(mr + i, _mm512_mul_ps(a, load16(u + i)));
+                store16(mr + i, _mm512_mul_ps(as_dtype(mimo_vec::act16(load16(g + i), gelu), bf16),
+                                              load16(u + i)));
             }
 #endif
             for (; i + 8 <= I; i += 8)

@@ -33,19 +33,18 @@ void normed(const T* x, const float* w, int64_t n, float eps, bool bf16, float* 
 template <typename T>
 void rotated(const float* buf, const T* cos, const T* sin, int64_t d, bool bf16, T* y) {
     const int64_t h = d / 2;
-    auto r = [bf16](__m256 v) { return as_dtype(v, bf16); };
+    auto r = [bf16](auto v) { return as_dtype(v, bf16); };     // 8 or 16 lanes
     int64_t i = 0;
 #ifdef __AVX512F__
     // 16 lanes where the build has them: the same products, sums and roundings per element.
     using mimo_rows::load16;
     using mimo_rows::store16;
-    auto r16 = [bf16](__m512 v) { return bf16 ? mimo_vec::bf16_round16(v) : v; };
     for (; i + 16 <= h; i += 16) {
         const __m512 a = _mm512_loadu_ps(buf + i), b = _mm512_loadu_ps(buf + i + h);
-        store16(y + i, r16(_mm512_add_ps(r16(_mm512_mul_ps(a, load16(cos + i))),
-                                         r16(_mm512_mul_ps(b, load16(sin + i))))));
-        store16(y + i + h, r16(_mm512_add_ps(r16(_mm512_mul_ps(b, load16(cos + i + h))),
-                                             r16(_mm512_mul_ps(a, load16(sin + i + h))))));
+        store16(y + i, r(_mm512_add_ps(r(_mm512_mul_ps(a, load16(cos + i))),
+                                       r(_mm512_mul_ps(b, load16(sin + i))))));
+        store16(y + i + h, r(_mm512_add_ps(r(_mm512_mul_ps(b, load16(cos + i + h))),
+                                           r(_mm512_mul_ps(a, load16(sin + i + h))))));
     }
 #endif
     for (; i + 8 <= h; i += 8) {

@@ -49,6 +49,9 @@ inline void tail_store(T* p, __m256 v) { *p = static_cast<T>(_mm256_cvtss_f32(v)
 
 // v rounded to the dtype and widened back (a no-op for float32), in the register.
 inline __m256 as_dtype(__m256 v, bool bf16) { return bf16 ? mimo_vec::bf16_round8(v) : v; }
+#ifdef __AVX512F__
+inline __m512 as_dtype(__m512 v, bool bf16) { return bf16 ? mimo_vec::bf16_round16(v) : v; }
+#endif
 
 // 1 / sqrt(mean(x^2) + eps) of one row, its squares summed in 8 float32 lanes in order,
 // the lanes in order, then the tail: every norm kernel sums in this one order, so a fused
@@ -81,7 +84,7 @@ inline void norm_row(const T* x, const float* w, int64_t n, float eps, bool roun
     const __m512 inv16 = _mm512_set1_ps(r);
     for (; i + 16 <= n; i += 16) {
         const __m512 v = _mm512_mul_ps(_mm512_mul_ps(load16(x + i), inv16), load16(w + i));
-        store16(y + i, round ? mimo_vec::bf16_round16(v) : v);
+        store16(y + i, as_dtype(v, round));
     }
 #endif
     const __m256 inv = _mm256_set1_ps(r);
