@@ -28,6 +28,8 @@ Prefix cache (when it is on):
   mimo_prefix_cache_revived_swa_pages_total         tombstoned SWA pages filled again
   mimo_prefix_cache_rebuilt_tokens_total            prompt tokens reused past a missing
       window by a window rebuild (recomputing only the SWA receptive field before the end)
+  mimo_prefix_cache_partial_tokens_total            prompt tokens reused from the first rows
+      of a cached page after the whole pages (a partial last page), copied at admission
   mimo_prefix_cache_paused_sessions_total           answers that ended in a tool call, their
       KV then held after everything else for --tool-pause-hold seconds
 
@@ -203,6 +205,10 @@ def _prefix_cache(c: Mapping[str, int]):
                               "Prompt tokens reused past a missing SWA window by "
                               "recomputing only the SWA receptive field",
                               value=c.get("rebuilt_tokens", 0))
+    yield CounterMetricFamily("mimo_prefix_cache_partial_tokens",
+                              "Prompt tokens reused from the first rows of a cached page "
+                              "after the whole pages, copied at admission",
+                              value=c.get("partial_tokens", 0))
     yield CounterMetricFamily("mimo_prefix_cache_paused_sessions",
                               "Finished requests whose answer ended in a tool call, their "
                               "cached KV held after everything else (--tool-pause-hold)",

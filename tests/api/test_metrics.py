@@ -69,3 +69,14 @@ def test_window_rebuilds_are_exported():
     assert got[("mimo_prefix_cache_rebuilt_tokens_total", ())] == 1536
     cut = "mimo_prefix_cache_window_cut_tokens_total"
     assert got[(cut, (("cause", "never_kept"),))] == 9216 - 1536
+
+
+def test_partial_page_rows_are_exported():
+    """A prompt ending 5 tokens into the page after the cached ones: admission copies 5
+    rows of the cached page that goes on from there (bookkeeping pool: the count only)."""
+    cache, metrics, toks = cached_prompt(8)
+    seq = cache.pool.new_seq()
+    assert cache.admit(seq, toks[:16 * 3 + 5] + [10**6], 54, 60) == 16 * 3 + 5
+    cache.release(seq)
+    cache.check_integrity()
+    assert samples(metrics)[("mimo_prefix_cache_partial_tokens_total", ())] == 5

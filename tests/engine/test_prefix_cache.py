@@ -107,12 +107,38 @@ RECEPTIVE = 5 * (WINDOW - 1)
 
 def test_repeated_prompt_is_served_from_cache(loaded):
     p = ids(203, 1)
-    off = run(make(loaded, cache=False), [p])
-    on = make(loaded)
+    ref, rec = LogitRecorder(), LogitRecorder()
+    off = run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [p])
+    on = make(loaded, parts=EngineParts(decode=rec))
     first, second = run(on, [p, p])
     assert first.cached_tokens == 0
-    assert second.cached_tokens == (len(p) - 1) // PAGE * PAGE
+    # All but the last prompt token: 200 from whole pages, 200..201 copied from the first
+    # rows of the cached page that goes on with the first answer (radix/tails.py).
+    assert second.cached_tokens == len(p) - 1
+    assert on.engine.cache.counters()["partial_tokens"] == 2
     assert first.token_ids == second.token_ids == off[0].token_ids
+    want = ref.take()
+    torch.testing.assert_close(rec.take(), torch.cat([want, want]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5])
+def test_a_repeated_prompt_reuses_the_partial_page_its_first_run_left(loaded, max_tokens):
+    """The first run's KV ends inside a page (203 prompt tokens, then max_tokens - 1 fed
+    back outputs): that partial page is kept as its path's tail, and the repeat copies its
+    rows, every prompt token but the last one cached; logits equal the uncached ones."""
+    p = ids(203, 1)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    ref, rec = LogitRecorder(), LogitRecorder()
+    run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [p], params)
+    on = make(loaded, parts=EngineParts(decode=rec))
+    first, second = run(on, [p, p], params)
+    assert (first.cached_tokens, second.cached_tokens) == (0, len(p) - 1)
+    assert on.engine.cache.counters()["partial_tokens"] == (len(p) - 1) % PAGE
+    want = ref.take()
+    torch.testing.assert_close(rec.take(), torch.cat([want, want]), rtol=1e-4, atol=1e-4)
+    # Another prompt forking inside that page copies only the rows it agrees on.
+    fork = p[:201] + ids(9, 2)
+    assert run(on, [fork], params)[0].cached_tokens == 201
 
 
 @pytest.mark.parametrize("rebuild", [False, True], ids=["cut-back", "window-rebuild"])
@@ -190,7 +216,7 @@ def test_a_cached_prompt_whose_window_went_is_rebuilt_not_dropped(loaded):
     assert run(llm, [p])[0].cached_tokens == 0
     rec.take()
     full = tree.stats()["full_pages"]
-    live = tree.stats()["swa_live_pages"]
+    live = tree.stats()["swa_live_pages"] + tree.stats()["tails"]   # (a tail holds one)
     eng.cache.make_room(0, eng.pool.swa.allocator.num_free + live)
     eng.check_integrity()
     assert tree.stats()["swa_live_pages"] == 0 and tree.stats()["full_pages"] == full
@@ -212,8 +238,8 @@ def test_multi_turn_chat_reuses_prompt_and_output(loaded):
         assert o_on.token_ids == o_off.token_ids
         if k:
             # Everything of the previous turn with KV: its prompt and all but its last
-            # output token (never fed back), cut to whole pages.
-            assert o_on.cached_tokens == (prev_len - 1) // PAGE * PAGE
+            # output token (never fed back), its partial last page copied.
+            assert o_on.cached_tokens == prev_len - 1
         prev_len = len(history_on) + len(o_on.token_ids)
         history_on = history_on + o_on.token_ids
         history_off = history_off + o_off.token_ids
@@ -242,7 +268,8 @@ def test_full_kv_layout_caches_every_prefix(loaded):
     a, b = prefix + ids(30, 11), prefix + ids(30, 12)
     llm = make(loaded, layout="full-kv")
     out = run(llm, [a, b])
-    assert out[1].cached_tokens == 500 // PAGE * PAGE
+    # The shared 500 tokens: 62 whole pages and the first 4 rows of a's next page (copied).
+    assert out[1].cached_tokens == 500
     want = run(make(loaded, cache=False), [a, b])
     assert [o.token_ids for o in out] == [w.token_ids for w in want]
 

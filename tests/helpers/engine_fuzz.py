@@ -383,7 +383,10 @@ def run_case(case: Case) -> dict:
                                  f"(first difference at {d})")
     preempted = sum(r.seq.preemptions for r in live)
     faults = sum(r.seq.finish_reason == "error" for r in live)
-    return dict(steps=step, rejected=rejected, ties=ties, preemptions=preempted, faults=faults)
+    # Prompt tokens reused from partial pages (kvcache/radix/tails.py): the cases reach them.
+    partial = eng.cache.counters().get("partial_tokens", 0) if eng.cache is not None else 0
+    return dict(steps=step, rejected=rejected, ties=ties, preemptions=preempted, faults=faults,
+                partial_tokens=partial)
 
 
 def main(argv=None) -> int:
@@ -403,7 +406,7 @@ def main(argv=None) -> int:
     else:
         seeds = [int(s) for s in a.seeds.split(",")]
     failed, t0, tot = [], time.time(), dict(preemptions=0, ties=0, rejected=0,
-                                                faults=0)
+                                                faults=0, partial_tokens=0)
     import faulthandler
     for i, s in enumerate(seeds):
         faulthandler.dump_traceback_later(300, exit=True)   # a hang is a failure too

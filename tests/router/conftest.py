@@ -13,6 +13,16 @@ from mimo.bench.router_process import RouterProcess, WorkerProcess, start_all
 HB = "0.2"      # worker heartbeat (s): the TTL is 6 of them
 
 
+PAGE = 16       # the workers' page size (the server's default)
+
+
+def whole_pages(cached: int, page: int = PAGE) -> int:
+    """The part of a reported hit the router predicts: whole pages. After them a worker may
+    copy the first rows of one more page (kvcache/radix/tails.py), which no published page
+    key names, so `cached_tokens` can exceed the prediction by less than a page."""
+    return cached // page * page
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     from mimo.models.tiny import gemma3

@@ -20,6 +20,7 @@ from .conftest import (
     start_workers,
     stop_all,
     wait_published,
+    whole_pages,
 )
 
 
@@ -81,7 +82,7 @@ def test_two_replicas_agree_and_survive_one_killed(redis_server, tiny_dir):
         model = str(tiny_dir)
         agree, total, log, convs = _replay([a, b], model, 6, 4)
         assert agree >= 0.99 * total, (agree, total)
-        assert sum(p for *_, p, _ in log) == sum(x for *_, x in log)
+        assert sum(p for *_, p, _ in log) == sum(whole_pages(x) for *_, x in log)
         # Kill A while sessions run through it; clients retry on B.
         done, errors = [], []
         killed = threading.Event()
@@ -121,7 +122,8 @@ def test_two_replicas_agree_and_survive_one_killed(redis_server, tiny_dir):
             d = decide(c, {"model": model, "messages": msgs, "max_tokens": 4})
             resp, w = chat_raw(c, model, msgs, max_tokens=4)
             assert w == d["worker"] == last[i]
-            assert d["predicted_cached_tokens"] == resp.usage.prompt_tokens_details.cached_tokens > 0
+            assert d["predicted_cached_tokens"] == whole_pages(
+                resp.usage.prompt_tokens_details.cached_tokens) > 0
             msgs.append({"role": "assistant", "content": resp.choices[0].message.content})
     finally:
         stop_all(a, b, c, ws)
@@ -142,7 +144,7 @@ def test_router_state_on_a_redis_cluster(tiny_dir):
                                "--health-interval", "0.3"])
             agree, total, log, _ = _replay([a, b], str(tiny_dir), 4, 3)
             assert agree == total
-            assert sum(p for *_, p, _ in log) == sum(x for *_, x in log) > 0
+            assert sum(p for *_, p, _ in log) == sum(whole_pages(x) for *_, x in log) > 0
             assert isinstance(rc, redis.RedisCluster)
         finally:
             stop_all(a, b, ws)

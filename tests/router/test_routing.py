@@ -20,6 +20,7 @@ from .conftest import (
     start_workers,
     stop_all,
     wait_published,
+    whole_pages,
 )
 
 SYSTEM = ("You are a careful assistant. Answer briefly and plainly, and quote the user's "
@@ -105,7 +106,8 @@ def test_decide_predicts_the_cached_length_exactly(cluster, tiny_dir):
         d = decide(rt, {"model": model, "messages": msgs, "max_tokens": 6})
         resp, worker = chat_raw(rt, model, msgs, max_tokens=6)
         assert worker == d["worker"]
-        assert d["predicted_cached_tokens"] == resp.usage.prompt_tokens_details.cached_tokens
+        assert d["predicted_cached_tokens"] == whole_pages(
+            resp.usage.prompt_tokens_details.cached_tokens)
         assert d["prompt_tokens"] == resp.usage.prompt_tokens
         workers.append(worker)
         msgs.append({"role": "assistant", "content": resp.choices[0].message.content})

@@ -99,7 +99,9 @@ def test_tiered_prediction_equals_what_the_engines_reuse(loaded, tmp_path, seed,
             p = w.predict(prompt)
             assert p.l1 == w.llm.engine.cache.tree.peek(prompt[:-1]), step
             out = w.run(prompt)
-            assert out.cached_tokens == p.tokens, (step, p, out.cached_tokens)
+            # (Whole pages: L1 may copy a partial page's first rows after them, which the
+            # published keys do not name: kvcache/radix/tails.py.)
+            assert out.cached_tokens // PAGE * PAGE == p.tokens, (step, p, out.cached_tokens)
             assert p.l1 <= p.credit <= p.tokens
             assert p.credit == p.tokens - PAGE * (p.l2_pages * (1 - L2C) + p.l3_pages * (1 - L3C))
             seen["l2"] += p.l2_pages > 0

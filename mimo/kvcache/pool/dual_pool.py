@@ -256,6 +256,42 @@ class DualPool:
         if self._map is not None:
             self._map.unmap(full_page)
 
+    def attach(self, seq: SeqKV, full: int, swa: int | None) -> None:
+        """Append a page the prefix cache handed over (IN_USE, no longer the cache's) to
+        the request's tables as its next logical page, its own from now on."""
+        if self.is_shared_full(full) or (swa is not None and self.is_shared_swa(swa)):
+            raise RuntimeError("attaching a page the prefix cache still owns")
+        if self.hybrid:
+            if swa is None or len(seq.swa_pages) != len(seq.full_pages):
+                raise RuntimeError("attaching a page needs its SWA page, after the last one")
+            seq.swa_pages.append(swa)
+            if self._map is not None:
+                self._map.map(full, swa)
+        seq.full_pages.append(full)
+
+    def copy_rows(self, seq: SeqKV, page: int, full: int, swa: int | None, n: int) -> None:
+        """Copy the first `n` rows of every layer's K/V from the prefix cache's pages `full`
+        (and `swa`) into the request's own logical page `page` (a partial page's reuse:
+        radix/tails.py). Bookkeeping-only pools have nothing to copy."""
+        P = self.page_size
+        if not 0 < n <= P:
+            raise ValueError(f"copying {n} rows of a {P}-row page")
+        if seq.full_pages[page] == full or self.is_shared_full(seq.full_pages[page]):
+            raise RuntimeError("copying rows into a page the request does not own")
+        pairs = [(self.full, seq.full_pages[page], full)]
+        if self.hybrid:
+            own = seq.swa_pages[page]
+            if swa is None or own is None or self.is_shared_swa(own):
+                raise RuntimeError("copying SWA rows needs a source and a page of the request's")
+            pairs.append((self.swa, own, swa))
+        for pool, dst, src in pairs:
+            if pool.tensors is None:
+                continue
+            d, s = dst * P, src * P
+            for store in (pool.tensors.k, pool.tensors.v):
+                for t in store:
+                    t[d:d + n].copy_(t[s:s + n])
+
     # ---- addressing ---------------------------------------------------------------------
     def full_slots(self, seq: SeqKV, start: int, end: int) -> torch.Tensor:
         from .slot_map import page_slots

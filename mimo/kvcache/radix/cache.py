@@ -36,6 +36,7 @@ from ..pool.seq_kv import SeqKV
 from .node import Node
 from .prefix_cache import COUNTERS, PrefixCache
 from .retention import POLICIES, RetentionPolicy
+from .tails import PartialPage
 from .tree import RadixTree
 
 
@@ -93,15 +94,38 @@ class RadixPrefixCache(PrefixCache):
             exact = self._first_exact_page(seq)
             seq.keep_swa = frozenset(p for p in self.tree.keep_pages(max_len, prompt_len,
                                                                      m.prefix_len) if p >= exact)
-        if not m.full_len:
-            return 0
-        self.tree.lock(m.node, seq.lock_window)
-        seq.node = m.node
-        seq.full_pages = list(m.full_pages)
-        if self.pool.hybrid:
-            seq.swa_pages = list(m.swa_pages)
-            seq.swa_released = m.swa_first
-        return m.length
+        part = self.tree.partial(m, tokens[:-1])
+        if m.full_len:
+            self.tree.lock(m.node, seq.lock_window)
+            seq.node = m.node
+            seq.full_pages = list(m.full_pages)
+            if self.pool.hybrid:
+                seq.swa_pages = list(m.swa_pages)
+                seq.swa_released = m.swa_first
+        return m.length + (self._copy_partial(seq, m.length, part) if part else 0)
+
+    def _copy_partial(self, seq: SeqKV, length: int, part: PartialPage) -> int:
+        """Give the request its page after `length` (a page multiple) with the partial
+        page's first rows copied in, or a tail's own pages where none is free; returns the
+        tokens it holds (0: no room). The source is made the youngest of its order before
+        room is made, and checked after."""
+        hybrid = self.pool.hybrid
+
+        def free() -> bool:
+            return (self.pool.full.allocator.num_free > 0
+                    and (not hybrid or self.pool.swa.allocator.num_free > 0))
+        self.tree.touch(part)
+        if part.child is None and not free():
+            self.tree.hand_over(part)       # (making room would evict tails first)
+            self.pool.attach(seq, part.full, part.swa)
+        else:
+            self.make_room(1, 1 if hybrid else 0)
+            if not self.tree.still_holds(part) or not free():
+                return 0
+            self.pool.grow(seq, length + part.tokens)
+            self.pool.copy_rows(seq, length // self.P, part.full, part.swa, part.tokens)
+        self.tree.reused(part)
+        return part.tokens
 
     def _first_exact_page(self, seq: SeqKV) -> int:
         """First logical page whose SWA KV the request computes exactly (all of them but a
@@ -178,9 +202,24 @@ class RadixPrefixCache(PrefixCache):
                                    protect=seq.protect)
             for full_page, swa_page in res.remap:
                 self.pool.map_pages(full_page, swa_page)
+        if len(tokens) % self.P:
+            self._keep_tail(seq, tokens, n)
         node, seq.node, window, unpinned = _locked(seq), None, seq.lock_window, seq.unpinned
         self.pool.free_seq(seq)        # frees only pages the tree does not own
         self.tree.unlock(node, window, unpinned=unpinned)
+
+    def _keep_tail(self, seq: SeqKV, tokens: list[int], n: int) -> None:
+        """Offer the request's partial last page (logical page n) as its path's tail: only
+        a page of its own, with exact SWA KV (radix/tails.py)."""
+        if n == 0 or len(seq.full_pages) <= n:
+            return
+        swa = None
+        if self.pool.hybrid:
+            swa = seq.swa_pages[n] if n < len(seq.swa_pages) else None
+            if swa is None or n * self.P < seq.swa_exact_from:
+                return
+        self.tree.keep_tail(tokens[:n * self.P], tokens[n * self.P:], seq.full_pages[n], swa,
+                            seq.namespace)
 
     def release(self, seq: SeqKV) -> None:
         """Undo `admit`: no KV offered, and a rebuild match's leaf is left as it was (its

@@ -53,6 +53,19 @@ def check_integrity(tree: RadixTree) -> None:
             # may have lost its window.)
             assert all(m.swa is not None and m.swa[i] >= 0 for m, i in paths.window(n)), \
                 f"leaf ending at {n.end} is not window-safe (tombstoned tail)"
+    for node, tail in tree.tails.items():
+        # A tail: a live node's, 1 .. P - 1 tokens, pages parked and held once.
+        assert node.alive and node.parent is not None, "a tail of a root or a dropped node"
+        assert node.parent.children.get(tuple(node.tokens[:P])) is node, "a tail's broken link"
+        assert 0 < len(tail.tokens) < P and (tail.swa is not None) == tree.hybrid
+        assert tail.full not in seen_f and fs_state[tail.full] == EVICTABLE, "tail's full page"
+        seen_f.add(tail.full)
+        evict_f += 1
+        if tail.swa is not None:
+            assert tail.swa not in seen_s, f"SWA page {tail.swa} held twice"
+            assert tree.pages.swa_pool._state[tail.swa] == EVICTABLE, "tail's SWA page"
+            seen_s.add(tail.swa)
+            evict_s += 1
     own_f, own_s = tree.pages.own_f, tree.pages.own_s
     assert int(own_f.sum()) == len(seen_f) and all(own_f[list(seen_f)])
     assert int(own_s.sum()) == len(seen_s) and all(own_s[list(seen_s)])

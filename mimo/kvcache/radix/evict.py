@@ -6,7 +6,8 @@ every lock and every leaf's tail window are tombstoned, its full KV kept. A node
 of every request (a system prompt) stays young in the node order while its checkpoint, which
 only requests stopping there use, can age in the SWA order. When the SWA pool needs pages,
 whichever candidate is older goes first (speculative windows, see `tree.py`, are older than
-anything else).
+anything else). Before any of them go the nodes' tails, the partial last pages kept for
+copying (tails.py), least recently used first.
 
 With window rebuild (`rebuild` > 0) a window freed alone costs at most a receptive field of
 recomputation, while a leaf dropped for its SWA loses all of its full KV. So the tail window
@@ -26,6 +27,7 @@ from .node import EVICTED_SWA, Node
 from .pages import PageBook
 from .paths import Paths
 from .retention import window_first_page
+from .tails import TailBook
 
 EvictHook = Callable[[Node, list[int], list[int]], None]
 
@@ -41,8 +43,10 @@ class TreeListener(Protocol):
 
 class Evictor:
     def __init__(self, paths: Paths, lru: LRU, pages: PageBook, counters: dict[str, int],
-                 rebuild: int, unmap: Callable[[list[int]], None] | None) -> None:
+                 rebuild: int, unmap: Callable[[list[int]], None] | None,
+                 tails: TailBook) -> None:
         self.paths, self.lru, self.pages, self.counters = paths, lru, pages, counters
+        self.tails = tails      # nodes' partial last pages: evicted first, dropped with them
         self.P, self.W, self.hybrid, self.rebuild = paths.P, paths.W, paths.hybrid, rebuild
         self.unmap = unmap      # told which full pages lost their SWA (DualPool.full_to_swa)
         # Called with (node, local full pages, local SWA pages) just before eviction frees
@@ -79,7 +83,7 @@ class Evictor:
 
     def _evict(self, full: int, swa: int) -> tuple[int, int]:
         self.lru.compact()
-        ff = fs = 0
+        ff, fs = self.tails.evict(full, swa)
         while ff < full:
             leaf = self.lru.top_leaf()
             if leaf is None:
@@ -194,6 +198,7 @@ class Evictor:
                           [i for i, s in enumerate(node.swa or ()) if s >= 0])
         del node.parent.children[tuple(node.tokens[:self.P])]
         node.alive = False
+        tf, ts = self.tails.drop(node)
         self.pages.free_full(node.full)
         live = [i for i, s in enumerate(node.swa or ()) if s >= 0]
         if live:
@@ -203,7 +208,7 @@ class Evictor:
             self.pages.free_swa([node.swa[i] for i in live])
         self.counters["evicted_full"] += len(node.full)
         self.counters["evicted_swa"] += len(live)
-        return len(node.full), len(live)
+        return len(node.full) + tf, len(live) + ts
 
     def _evict_leaf(self, leaf: Node) -> tuple[int, int]:
         ff, fs = self._drop(leaf)

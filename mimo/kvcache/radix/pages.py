@@ -41,6 +41,15 @@ class PageBook:
         self.swa_pool.unpark(pages)
         self.swa_pool.free(pages)
 
+    def hand_over(self, full: int, swa: int | None) -> None:
+        """A page (and its SWA page) leaves the tree for a request, unfreed: IN_USE, not
+        owned, so the request's `DualPool.free_seq` frees it later."""
+        self.own_f[full] = False
+        self.full_alloc.unpark([full])
+        if swa is not None:
+            self.own_s[swa] = False
+            self.swa_pool.unpark([swa])
+
     def owns_full(self, page: int) -> bool:
         return bool(self.own_f[page])
 

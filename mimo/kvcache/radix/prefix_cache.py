@@ -35,7 +35,8 @@ class PrefixCache(ABC):
     def admit(self, seq: SeqKV, tokens: list[int], prompt_len: int, max_len: int,
               namespace: Hashable = None) -> int:
         """Point a new request's page tables at its cached prefix (all but the last token)
-        and protect it; returns the cached tokens."""
+        and protect it; returns the cached tokens. Not always whole pages: the request may
+        get a page of its own already holding the first rows' KV (radix/tails.py)."""
 
     @abstractmethod
     def sync(self, seq: SeqKV, tokens: list[int], prompt_len: int) -> None:
@@ -94,4 +95,6 @@ COUNTERS = {
     "tombstoned_swa": "SWA pages freed alone, their full KV kept (SWA-only eviction)",
     "revived_swa": "tombstoned SWA pages filled again by a request that recomputed them",
     "held": "finished requests paused in a tool call whose KV is held after everything else",
+    "partial_tokens": "prompt tokens reused from the first rows of a cached page (a request's "
+                      "partial last page, or a page agreeing only in part) by copying them",
 }

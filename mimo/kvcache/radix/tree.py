@@ -35,8 +35,9 @@ holding every layer, every cached prefix reusable) and 'off' (no caching).
 `RadixTree` is inserts plus a composition, each part with its own state: `Paths` (the
 shape: roots, walk, split, window arithmetic), `LRU` (the clock and the two lazy heaps),
 `PageBook` (which pages the tree holds), `Matcher` (match, peek), `Evictor` (eviction,
-leaf trimming, the listeners told of it), `LockTable` (locks, unpin) and `HoldBook`
-(paused sessions); check.py asserts the invariants.
+leaf trimming, the listeners told of it), `LockTable` (locks, unpin), `HoldBook`
+(paused sessions) and `TailBook` (partial last pages, whose first rows a request copies:
+tails.py); check.py asserts the invariants.
 """
 from __future__ import annotations
 
@@ -56,10 +57,11 @@ from .node import NO_SWA, PROTECTED, SPECULATIVE, InsertResult, MatchResult, Nod
 from .pages import PageBook
 from .paths import Path, Paths
 from .retention import RetentionPolicy
+from .tails import PartialPage, Tail, TailBook
 
 MODES = ("hybrid", "full-kv", "off")
 __all__ = ["MODES", "NO_SWA", "PROTECTED", "SPECULATIVE", "InsertResult", "MatchResult", "Node",
-           "RadixTree", "TreeListener"]
+           "PartialPage", "RadixTree", "TreeListener"]
 
 
 def _live(page: int | None) -> bool:
@@ -106,14 +108,16 @@ class RadixTree:
         self.policy = policy or RetentionPolicy()
         self.counters = dict(matches=0, matched_tokens=0, prefix_tokens=0, evicted_full=0,
                              evicted_swa=0, tombstoned_swa=0, revived_swa=0, held=0,
-                             cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0)
+                             cut_never_kept=0, cut_evicted=0, rebuilt_tokens=0, reheaps=0,
+                             partial_tokens=0)
         on = mode != "off"
         self.lru = LRU(self.hybrid)
         self.paths = Paths(page_size, window, self.hybrid, self.lru)
         self.pages = PageBook(full_alloc, swa_alloc if self.hybrid else None)
         self.matcher = Matcher(self.paths, self.lru, self.counters, on, self.rebuild)
+        self.tails = TailBook(self.pages, self.hybrid, unmap)
         self.evictor = Evictor(self.paths, self.lru, self.pages, self.counters, self.rebuild,
-                               unmap)
+                               unmap, self.tails)
         self.locks = LockTable(self.paths, self.lru, self.pages, self.evictor)
         self.holds = HoldBook(self.paths, self.lru, self.counters, on)
 
@@ -152,6 +156,69 @@ class RadixTree:
 
     def lock(self, node: Node | None, window: bool = True) -> None:
         self.locks.lock(node, window)
+
+    # ---- partial pages (tails.py) ----------------------------------------------------------
+    def partial(self, m: MatchResult, tokens: Sequence[int]) -> PartialPage | None:
+        """Where the first rows of the page after a match's end are cached: the rows of
+        `tokens` (what was matched) past `m.length` that a child's first page or the end
+        node's tail agrees on. None without a whole page matched (a prompt's first tokens,
+        a chat template's, agree with most others: a few rows, not worth a page and a copy),
+        for a window rebuild, or where the cached path runs on past the window-safe end
+        (the next page's SWA is gone: its rows are no use)."""
+        if (self.mode == "off" or m.node is None or not m.length or m.rebuild
+                or m.prefix_len != m.length):
+            return None
+        return self.tails.partial(m.node, tokens[m.length:], self.P)
+
+    def still_holds(self, part: PartialPage) -> bool:
+        """Whether the tree still holds a partial page's source pages (eviction may have
+        freed them since `partial` found them)."""
+        return self.pages.owns_full(part.full) and (part.swa is None
+                                                    or self.pages.owns_swa(part.swa))
+
+    def touch(self, part: PartialPage) -> None:
+        """A request is about to copy this partial page's rows: the youngest of its order
+        (the tails', or the leaves' for a child), so making room for the copy takes it last."""
+        if part.child is None:
+            self.tails.touch(part.node)
+        else:
+            part.child.time = self.lru.tick()
+            self.lru.push_leaf(part.child)
+
+    def reused(self, part: PartialPage) -> None:
+        """A request got the partial page's rows (`partial_tokens` counts them)."""
+        self.counters["partial_tokens"] += part.tokens
+
+    def hand_over(self, part: PartialPage) -> None:
+        """A tail's pages become the requesting request's own (see tails.py)."""
+        assert part.child is None, "only a tail is handed over; a child's page stays"
+        self.tails.hand_over(part.node)
+
+    def keep_tail(self, tokens: Sequence[int], tail: Sequence[int], full: int,
+                  swa: int | None, namespace: Hashable = None) -> bool:
+        """Keep a finished request's partial last page: `tail` (1 .. P - 1 tokens) follows
+        `tokens` (whole pages, already inserted), its KV in the first rows of `full` (and
+        `swa`, hybrid mode). Kept only where the cached path equal to `tokens` ends at a
+        node's end, window-safe, and no child's first page already serves those rows; the
+        pages are the tree's then. Returns whether it was kept."""
+        P = self.P
+        if (self.mode == "off" or not tokens or not 0 < len(tail) < P or len(tokens) % P
+                or (self.hybrid and (swa is None or swa < 0))):
+            return False
+        root = self.paths.root(namespace)
+        if root is None:
+            return False
+        path, m, q = self.matcher.lookup(root, tokens)
+        if m != len(tokens) or q * P != m or path[-1][1] != len(path[-1][0].full):
+            return False
+        node = path[-1][0]
+        if self.pages.owns_full(full) or (swa is not None and self.pages.owns_swa(swa)):
+            return False
+        best = self.tails.partial(node, tail, P)
+        if best is not None and best.child is not None and best.tokens >= len(tail):
+            return False
+        self.tails.keep(node, Tail(tuple(tail), full, swa if self.hybrid else None))
+        return True
 
     def unlock(self, node: Node | None, window: bool = True, fix: bool = True,
                unpinned: int = 0) -> None:
@@ -227,6 +294,7 @@ class RadixTree:
             "swa_live_pages": sum(s >= 0 for s in swa),
             "swa_tombstones": sum(s < 0 for s in swa),
             "locked_nodes": sum(n.lock_ref > 0 for n in nodes),
+            "tails": len(self.tails),
             "full_pool": self.full_alloc.stats()}
         if self.swa_alloc is not None:
             out["swa_pool"] = self.swa_alloc.stats()
