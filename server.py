@@ -37,7 +37,8 @@ def main(argv=None) -> int:
             from mimo.api.encoder_server import encoder_worker, serve_encoder
             return serve_encoder(encoder_worker(args, scfg), args.log_level)
         cfg = engine_config(args.model, **engine_opts(args))
-        aeng = AsyncEngine.build(lambda: LLMEngine(cfg))     # loaded where it steps
+        aeng = AsyncEngine.build(lambda: LLMEngine(cfg),     # loaded where it steps
+                                 gather_wait=args.gather_wait)
         from mimo.disagg import decode_stage, role_routes
         stage = decode_stage(scfg, aeng)
         server = Server(scfg, aeng, args.model, media, generate=stage)

@@ -171,6 +171,16 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
             from None
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
+    return v
+
+
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
                 attention_backend=a.attention_backend, decode_graphs=a.decode_graphs,
@@ -211,6 +221,10 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="requests inside the pipeline at once; more wait in a queue")
     g.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond --max-in-flight; more get HTTP 503")
+    g.add_argument("--gather-wait", type=_seconds, default=0.02, metavar="SECONDS",
+                   help="an idle engine waits at most this long for requests still being "
+                        "tokenized, so that a burst's first step plans them together; a lone "
+                        "request never waits (default 0.02; 0: start at the first arrival)")
     m = p.add_argument_group("media (vision-language models)")
     m.add_argument("--allowed-media-dir", action="append", default=[], metavar="DIR",
                    help="serve file:// URLs and plain paths under DIR (repeatable; default: "
