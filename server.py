@@ -38,7 +38,7 @@ def main(argv=None) -> int:
             return serve_encoder(encoder_worker(args, scfg), args.log_level)
         cfg = engine_config(args.model, **engine_opts(args))
         aeng = AsyncEngine.build(lambda: LLMEngine(cfg),     # loaded where it steps
-                                 gather_wait=args.gather_wait)
+                                 gather_wait=scfg.gather_wait)
         from mimo.disagg import decode_stage, role_routes
         stage = decode_stage(scfg, aeng)
         server = Server(scfg, aeng, args.model, media, generate=stage)

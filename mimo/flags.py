@@ -171,16 +171,6 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
             from None
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, not {text!r}") from None
-    if not v >= 0 or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, not {text}")
-    return v
-
-
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
                 attention_backend=a.attention_backend, decode_graphs=a.decode_graphs,
@@ -221,7 +211,7 @@ def add_server_flags(p: argparse.ArgumentParser) -> None:
                    help="requests inside the pipeline at once; more wait in a queue")
     g.add_argument("--max-queued", type=int, default=1024,
                    help="requests waiting beyond --max-in-flight; more get HTTP 503")
-    g.add_argument("--gather-wait", type=_seconds, default=0.02, metavar="SECONDS",
+    g.add_argument("--gather-wait", type=float, default=0.02, metavar="SECONDS",
                    help="an idle engine waits at most this long for requests still being "
                         "tokenized, so that a burst's first step plans them together; a lone "
                         "request never waits (default 0.02; 0: start at the first arrival)")
@@ -314,7 +304,8 @@ def server_config(a: argparse.Namespace) -> ServerConfig:
     return ServerConfig(host=a.host, port=a.port, api_key=a.api_key,
                         served_model_name=a.served_model_name,
                         max_body_bytes=a.max_body_bytes, max_in_flight=a.max_in_flight,
-                        max_queued=a.max_queued, embed_cache_bytes=a.embed_cache_bytes,
+                        max_queued=a.max_queued, gather_wait=a.gather_wait,
+                        embed_cache_bytes=a.embed_cache_bytes,
                         encoder_workers=a.encoder_workers,
                         encoder_urls=tuple(a.encoder_worker),
                         encoder_routing=a.encoder_routing,

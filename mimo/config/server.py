@@ -33,6 +33,8 @@ class ServerConfig:
     max_body_bytes: int = 8 * 2**20
     max_in_flight: int = 256                 # requests inside the pipeline at once
     max_queued: int = 1024                   # beyond max_in_flight; more get HTTP 503
+    # seconds an idle engine waits for requests still being tokenized (AsyncEngine)
+    gather_wait: float = 0.02
     embed_cache_bytes: int = 512 * 2**20     # vision-encoder outputs kept by media content
     # 1: the vision encoder runs in the server process; N > 1: N encoder processes, each
     # with its own embedding cache of embed_cache_bytes, media routed by the hash ring.
@@ -73,6 +75,9 @@ class ServerConfig:
             raise ConfigError("max_body_bytes must be >= 1024")
         if self.max_in_flight < 1 or self.max_queued < 0:
             raise ConfigError("max_in_flight must be >= 1 and max_queued >= 0")
+        if not 0 <= self.gather_wait < float("inf"):
+            raise ConfigError(f"gather_wait must be a finite number of seconds >= 0, "
+                              f"not {self.gather_wait}")
         if self.embed_cache_bytes < 0:
             raise ConfigError("embed_cache_bytes must be >= 0")
         if self.encoder_workers < 1:

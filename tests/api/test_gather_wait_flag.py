@@ -1,6 +1,6 @@
 """`python server.py --gather-wait SECONDS`: how long an idle engine waits for requests still
-being tokenized. The value reaches the AsyncEngine the server builds; a negative, infinite
-or non-numeric value is refused by the parser, before any model loads."""
+being tokenized. The value reaches the AsyncEngine the server builds; a negative, infinite,
+NaN or non-numeric value is refused (ServerConfig, or the parser) before any model loads."""
 from __future__ import annotations
 
 import pytest
@@ -9,13 +9,27 @@ import server
 from mimo.engine.async_engine import AsyncEngine
 
 
-@pytest.mark.parametrize("bad", ["-1", "-0.001", "nan", "inf", "soon"])
-def test_bad_gather_wait_is_refused_by_the_parser(bad, capsys):
+def _never_build(monkeypatch) -> list:
+    built = []
+    monkeypatch.setattr(AsyncEngine, "build", staticmethod(lambda *a, **k: built.append(1)))
+    return built
+
+
+@pytest.mark.parametrize("bad", ["-1", "-0.001", "nan", "inf"])
+def test_bad_gather_wait_is_refused_before_the_engine(bad, tiny_hf_dir, monkeypatch, capsys):
+    built = _never_build(monkeypatch)
+    assert server.main(["--model", str(tiny_hf_dir[0]), "--gather-wait", bad]) == 2
+    err = capsys.readouterr().err
+    assert "gather_wait" in err and bad in err
+    assert built == []
+
+
+def test_non_numeric_gather_wait_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit) as e:
-        server.build_parser().parse_args(["--gather-wait", bad])
+        server.build_parser().parse_args(["--gather-wait", "soon"])
     assert e.value.code == 2
     err = capsys.readouterr().err
-    assert "--gather-wait" in err and bad in err
+    assert "--gather-wait" in err and "soon" in err
 
 
 @pytest.mark.parametrize("argv, expected", [([], 0.02), (["--gather-wait", "0"], 0.0),
