@@ -71,6 +71,10 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
                         "captured as CUDA graphs on CUDA (on CPU: the same padded step, "
                         "eager); needs --attention-backend triton; auto: on for CUDA with "
                         "triton unless the model's decode reads back to the host (MoE)")
+    g.add_argument("--repack", default="auto", choices=["auto", "off"],
+                   help="gguf weights in the layout the CPU kernels multiply fastest (auto: "
+                        "with the AVX2 kernels, Q5_0 and Q4_K weights repacked 8 rows a tile "
+                        "at start-up, the same values); off: the GGUF's blocks as stored")
     g.add_argument("--fused-decode", default="auto", choices=["auto", "off"],
                    help="decode steps with gguf/q8_0 weights run each decoder layer as one "
                         "C++ call (auto: where the CPU kernels load and run the layer's "
@@ -174,7 +178,7 @@ def _buckets(text: str | None) -> tuple[int, ...] | None:
 def engine_opts(a: argparse.Namespace) -> dict:
     opts = dict(dtype=a.dtype, quantize=a.quantize, greedy_head=a.greedy_head,
                 attention_backend=a.attention_backend, decode_graphs=a.decode_graphs,
-                fused_decode=a.fused_decode, prefill_matmul=a.prefill_matmul,
+                fused_decode=a.fused_decode, prefill_matmul=a.prefill_matmul, repack=a.repack,
                 kv_cache_memory=a.kv_cache_memory,
                 page_size=a.page_size, swa_share=a.swa_share, max_num_seqs=a.max_num_seqs,
                 prefix_cache=a.prefix_cache, retention=a.retention,

@@ -165,6 +165,10 @@ class RuntimeConfig:
     # int8 GEMM; opt-in, and refused under compile=on, whose graphs trace the dense GEMM) or
     # 'auto' (dense: engine/prefill_matmul.py says why).
     prefill_matmul: str = "auto"
+    # gguf weights in the layout the kernel build multiplies fastest: 'auto' (the AVX2
+    # build's Q5_0 and Q4_K parts repacked 8 rows a tile, cpu/csrc/qrepack256.cpp; the same
+    # values) or 'off' (the GGUF's blocks as stored).
+    repack: str = "auto"
 
     def __post_init__(self):
         if self.dtype == "auto":
@@ -193,6 +197,8 @@ class RuntimeConfig:
             raise ConfigError(f"decode_graphs must be auto, on or off, not {self.decode_graphs!r}")
         if self.fused_decode not in ("auto", "off"):
             raise ConfigError(f"fused_decode must be auto or off, not {self.fused_decode!r}")
+        if self.repack not in ("auto", "off"):
+            raise ConfigError(f"repack must be auto or off, not {self.repack!r}")
         if self.prefill_matmul not in PREFILL_MATMULS:
             raise ConfigError(f"prefill_matmul must be one of {', '.join(PREFILL_MATMULS)}, "
                               f"not {self.prefill_matmul!r}")

@@ -25,6 +25,7 @@ log = logging.getLogger("mimo.cpu")
 
 _CSRC = Path(__file__).parent / "csrc"
 _SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "qtile256.cpp",
+                              "qrepack256.cpp",
                               "qgemm512.cpp", "attention.cpp", "decode_ops.cpp",
                               "decode_attention.cpp", "prefill_attention.cpp",
                               "prefill_attention_amx.cpp",

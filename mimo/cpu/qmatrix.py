@@ -5,6 +5,11 @@ q/k/v projection whose parts the file stores as Q5_0, Q5_0 and Q8_0). Products q
 activations to 8 bits per block of 32 (llama.cpp's recipe) and take integer dot products
 against the blocks as they are, so mimo computes with exactly the weights llama.cpp does.
 
+On the AVX2 build, Q5_0 and Q4_K parts of a multiple of 8 rows are repacked at start-up
+into 8-row tiles (type ids 106 "Q5_0x8" and 112 "Q4_Kx8": the same values, the bytes
+reordered and Q4_K's scales unpacked; the layouts and their kernel: mimo/cpu/csrc/
+qrepack256.cpp); `unpacked()` gives the GGUF blocks back.
+
 Where the kernels cannot be loaded (`extension.load()` is None) the same product runs on
 the plain PyTorch path: the blocks dequantized once (by the `gguf` package) to float32.
 """
@@ -21,7 +26,10 @@ from . import extension
 BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           12: (256, 144), 13: (256, 176), 14: (256, 210)}
 NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
-         14: "Q6_K"}
+         14: "Q6_K", 106: "Q5_0x8", 112: "Q4_Kx8"}
+# Not GGML's: a GGML type repacked 8 rows a tile, by the type it came from
+REPACKED = {6: 106, 12: 112}
+LAYOUTS = {**BLOCKS, 106: (32, 22), 112: (256, 148)}      # what a QuantPart may hold
 
 
 @dataclass(frozen=True)
@@ -32,23 +40,46 @@ class QuantPart:
     cols: int
 
     def __post_init__(self) -> None:
-        if self.qtype not in BLOCKS:
+        if self.qtype not in LAYOUTS:
             raise ValueError(f"GGML type {self.qtype} has no kernel "
                              f"(supported: {', '.join(NAMES.values())})")
-        elems, nbytes = BLOCKS[self.qtype]
+        elems, nbytes = LAYOUTS[self.qtype]
         if self.cols % elems or self.data.dim() != 2 or self.data.dtype != torch.uint8 \
                 or self.data.shape[1] != self.cols // elems * nbytes:
             raise ValueError(f"{NAMES[self.qtype]} blocks of shape {tuple(self.data.shape)} "
                              f"do not hold rows of {self.cols} elements")
+        if self.qtype in REPACKED.values() and self.rows % 8:
+            raise ValueError(f"{NAMES[self.qtype]} blocks need a multiple of 8 rows, "
+                             f"not {self.rows}")
 
     @property
     def rows(self) -> int:
         return self.data.shape[0]
 
+    def repacked(self, ext) -> QuantPart:
+        """This part in the kernels' repacked layout where `ext` (a kernel build) has one
+        for its type and shape; else itself."""
+        if self.qtype in REPACKED and self.rows % 8 == 0:
+            return QuantPart(ext.repack_x8(self.data, self.qtype), REPACKED[self.qtype], self.cols)
+        return self
+
+    def unpacked(self) -> QuantPart:
+        """This part in the GGUF's own blocks."""
+        base = next((g for g, r in REPACKED.items() if r == self.qtype), None)
+        if base is None:
+            return self
+        ext = extension.load()
+        if ext is None:
+            raise RuntimeError(f"{NAMES[self.qtype]} blocks are unpacked by the CPU kernels, "
+                               "which did not load")
+        return QuantPart(ext.unpack_x8(self.data, base), base, self.cols)
+
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 [rows, cols], by the `gguf` package (the plain reference)."""
         from gguf.constants import GGMLQuantizationType
         from gguf.quants import dequantize
+        if self.qtype in REPACKED.values():
+            return self.unpacked().dequantize(rows)
         d = self.data if rows is None else self.data.index_select(0, rows)
         arr = dequantize(d.numpy(), GGMLQuantizationType(self.qtype))
         return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
@@ -93,8 +124,12 @@ class QuantMatrix:
         """The rows `idx` of W: their products equal those columns of the full product."""
         if len(self.parts) != 1:
             raise ValueError("select_rows takes a single-part matrix")
-        p = self.parts[0]
+        p = self.parts[0].unpacked()
         return QuantMatrix([QuantPart(p.data.index_select(0, idx), p.qtype, p.cols)])
+
+    def repacked(self, ext) -> QuantMatrix:
+        """The same matrix with each part in `ext`'s repacked layout where it has one."""
+        return QuantMatrix([p.repacked(ext) for p in self.parts])
 
     def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores, columns) [M, k] of the k best columns of each row of x [M, K], best first,

@@ -57,6 +57,15 @@ def use_gguf_blocks(model: nn.Module, blocks: dict[str, QuantPart]) -> QuantRepo
     return _report(model)
 
 
+def repack_blocks(model: nn.Module, ext) -> QuantReport:
+    """Every Linear's blocks in the layout the kernel build `ext` multiplies fastest where it
+    has one (the AVX2 build: Q5_0 and Q4_K in 8-row tiles); the same values, reordered."""
+    for m in model.modules():
+        if isinstance(m, Linear) and m.qweight is not None:
+            m.qweight = m.qweight.repacked(ext)
+    return _report(model)
+
+
 def q8_0_blocks(w: torch.Tensor) -> QuantPart:
     """float [rows, cols] -> Q8_0 blocks as ggml's quantize_row_q8_0 makes them: per block
     of 32 an fp16 scale amax/127 and int8 quants rounded half away from zero."""

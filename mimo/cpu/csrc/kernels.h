@@ -10,6 +10,11 @@
 torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                       const std::vector<int64_t>& qtypes);
 
+// GGUF blocks of `qtype` (Q5_0 or Q4_K) [N, rb], N a multiple of 8, in the 8-row tiles'
+// layout (type ids 106 and 112, qrepack256.cpp), and back.
+torch::Tensor repack_x8(const torch::Tensor& w, int64_t qtype);
+torch::Tensor unpack_x8(const torch::Tensor& p, int64_t qtype);
+
 // q [B, Hq, D] float32 over the paged caches [S, Hkv, D] / [S, Hkv, Dv]: float32 [B, Hq, Dv].
 torch::Tensor paged_decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                      const torch::Tensor& v_cache, const torch::Tensor& slots,
