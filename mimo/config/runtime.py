@@ -166,7 +166,7 @@ class RuntimeConfig:
     # 'auto' (dense: engine/prefill_matmul.py says why).
     prefill_matmul: str = "auto"
     # gguf weights in the layout the kernel build multiplies fastest: 'auto' (the AVX2
-    # build's Q5_0 and Q4_K parts repacked 8 rows a tile, cpu/csrc/qrepack256.cpp; the same
+    # build's Q5_0, Q4_K and Q6_K parts repacked 8 rows a tile, cpu/csrc/qrepack.h; the same
     # values) or 'off' (the GGUF's blocks as stored).
     repack: str = "auto"
 

@@ -5,10 +5,10 @@ q/k/v projection whose parts the file stores as Q5_0, Q5_0 and Q8_0). Products q
 activations to 8 bits per block of 32 (llama.cpp's recipe) and take integer dot products
 against the blocks as they are, so mimo computes with exactly the weights llama.cpp does.
 
-On the AVX2 build, Q5_0 and Q4_K parts of a multiple of 8 rows are repacked at start-up
-into 8-row tiles (type ids 106 "Q5_0x8" and 112 "Q4_Kx8": the same values, the bytes
-reordered and Q4_K's scales unpacked; the layouts and their kernel: mimo/cpu/csrc/
-qrepack256.cpp); `unpacked()` gives the GGUF blocks back.
+On the AVX2 build, Q5_0, Q4_K and Q6_K parts of a multiple of 8 rows are repacked at
+start-up into 8-row tiles (type ids 106 "Q5_0x8", 112 "Q4_Kx8", 114 "Q6_Kx8": the same
+values, the bytes reordered and Q4_K's scales unpacked; the layouts: mimo/cpu/csrc/
+qrepack.h); `unpacked()` gives the GGUF blocks back.
 
 Where the kernels cannot be loaded (`extension.load()` is None) the same product runs on
 the plain PyTorch path: the blocks dequantized once (by the `gguf` package) to float32.
@@ -26,10 +26,10 @@ from . import extension
 BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           12: (256, 144), 13: (256, 176), 14: (256, 210)}
 NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
-         14: "Q6_K", 106: "Q5_0x8", 112: "Q4_Kx8"}
+         14: "Q6_K", 106: "Q5_0x8", 112: "Q4_Kx8", 114: "Q6_Kx8"}
 # Not GGML's: a GGML type repacked 8 rows a tile, by the type it came from
-REPACKED = {6: 106, 12: 112}
-LAYOUTS = {**BLOCKS, 106: (32, 22), 112: (256, 148)}      # what a QuantPart may hold
+REPACKED = {6: 106, 12: 112, 14: 114}
+LAYOUTS = {**BLOCKS, 106: (32, 22), 112: (256, 148), 114: (256, 210)}   # what a QuantPart holds
 
 
 @dataclass(frozen=True)

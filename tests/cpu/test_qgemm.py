@@ -11,7 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from helpers.qblocks import assert_within_rounding_bound, random_blocks, ref_quantize, ref_weights
+from helpers.qblocks import (
+    assert_matches_quantized_product,
+    assert_within_rounding_bound,
+    random_blocks,
+    ref_weights,
+)
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
@@ -67,11 +72,7 @@ def test_qgemm_matches_float64_and_qlinear(build, qtype, n, k, m):
     assert_within_rounding_bound(y64, x, w)
     if mod is None:
         return
-    # the quantized activations' product in float64, to float32 rounding
-    q, d = ref_quantize(x)
-    qref = np.einsum("mbk,nbk,mb->mn", q, w.reshape(n, -1, 32), d)
-    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(w.reshape(n, -1, 32)), d)
-    np.testing.assert_array_less(np.abs(y64 - qref), 2e-6 * scale + 1e-6)
+    assert_matches_quantized_product(y64, x, w)
     _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [part]))
 
 

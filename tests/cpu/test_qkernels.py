@@ -14,9 +14,9 @@ import pytest
 import torch
 from helpers.qblocks import (
     FP16_FIELDS,
+    assert_matches_quantized_product,
     assert_within_rounding_bound,
     random_blocks,
-    ref_quantize,
     ref_weights,
 )
 
@@ -60,13 +60,9 @@ def test_qlinear_matches_float64(build, qtype, rows, cols, m):
     y = QuantMatrix([part]).matmul(torch.from_numpy(x)).numpy().astype(np.float64)
     # the unquantized product, within the activation rounding's bound: |x - d q| <= d / 2
     assert_within_rounding_bound(y, x, w)
-    q, d = ref_quantize(x)
     if build == "torch":
         return
-    # the quantized activations' product, to float32 rounding
-    qref = np.einsum("mbk,nbk,mb->mn", q, w.reshape(rows, -1, 32), d)
-    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(w.reshape(rows, -1, 32)), d)
-    np.testing.assert_array_less(np.abs(y - qref), 2e-6 * scale + 1e-6)
+    assert_matches_quantized_product(y, x, w)
 
 
 @pytest.mark.parametrize("qtype", list(BLOCKS), ids=[NAMES[q] for q in BLOCKS])

@@ -1,4 +1,5 @@
-"""Q5_0 and Q4_K weights repacked into 8-row tiles (`QuantPart.repacked`, type ids 106, 112),
+"""Q5_0, Q4_K and Q6_K weights repacked into 8-row tiles (`QuantPart.repacked`, type ids
+106, 112, 114),
 on every kernel build this CPU runs (the AVX2 build is the one that repacks at start-up; the
 VNNI build multiplies the same layout too): the products against the plain float64
 reference of the original GGUF blocks (decoded by the `gguf` package, activations quantized
@@ -10,9 +11,9 @@ import pytest
 import torch
 from helpers.qblocks import (
     FP16_FIELDS,
+    assert_matches_quantized_product,
     assert_within_rounding_bound,
     random_blocks,
-    ref_quantize,
     ref_weights,
 )
 
@@ -20,7 +21,7 @@ from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
 from mimo.cpu.qmatrix import NAMES, REPACKED, QuantMatrix, QuantPart
 
-Q5_0, Q8_0, Q4_K = 6, 8, 12
+Q5_0, Q8_0, Q4_K, Q6_K = 6, 8, 12, 14
 
 BUILDS = [i for i in ISAS if cpu_info().supports(i)]
 
@@ -54,18 +55,16 @@ def test_repacked_product_matches_float64(ext, qtype, rows, cols, m):
     y = QuantMatrix([packed]).matmul(torch.from_numpy(x)).numpy().astype(np.float64)
     w = ref_weights(part)
     assert_within_rounding_bound(y, x, w)
-    q, d = ref_quantize(x)
-    qref = np.einsum("mbk,nbk,mb->mn", q, w.reshape(rows, -1, 32), d)
-    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(w.reshape(rows, -1, 32)), d)
-    np.testing.assert_array_less(np.abs(y - qref), 2e-6 * scale + 1e-6)
+    assert_matches_quantized_product(y, x, w)
 
 
 @pytest.mark.parametrize("qtype", list(REPACKED), ids=[NAMES[q] for q in REPACKED])
 @pytest.mark.parametrize("sign", [1.0, -1.0])
 def test_extreme_quants_do_not_overflow(ext, qtype, sign):
     """All quant bits set (Q5_0: q = 15 with the fifth bit, the unsigned byte 31; Q4_K: 15,
-    scales and mins 63) against activations that all quantize to +-127: four vpmaddubsw
-    pairs summed in int16 meet their largest values here."""
+    scales and mins 63; Q6_K: the unsigned byte 63, scales -1) against activations that
+    all quantize to +-127: the vpmaddubsw pairs summed in int16 (four, or two for Q6_K)
+    meet their largest values here."""
     rng = np.random.default_rng(5)
     part = random_blocks(qtype, 16, 512, rng)
     nbytes = part.data.shape[1] // (512 // (32 if qtype == Q5_0 else 256))
@@ -99,13 +98,13 @@ def test_unpacked_gives_the_gguf_blocks_back(ext, qtype):
 
 
 def test_mixed_parts_and_topk(ext):
-    """A fused projection of repacked Q5_0, repacked Q4_K and Q8_0 parts equals its parts
-    side by side; top-k over a repacked matrix equals the sorted scores."""
+    """A fused projection of repacked Q5_0, Q4_K and Q6_K parts and a Q8_0 one equals its
+    parts side by side; top-k over a repacked matrix equals the sorted scores."""
     rng = np.random.default_rng(4)
     parts = [random_blocks(Q5_0, 24, 768, rng), random_blocks(Q4_K, 8, 768, rng),
-             random_blocks(Q8_0, 8, 768, rng)]
+             random_blocks(Q6_K, 16, 768, rng), random_blocks(Q8_0, 8, 768, rng)]
     qm = QuantMatrix(parts).repacked(ext)
-    assert [p.qtype for p in qm.parts] == [REPACKED[Q5_0], REPACKED[Q4_K], Q8_0]
+    assert [p.qtype for p in qm.parts] == [REPACKED[Q5_0], REPACKED[Q4_K], REPACKED[Q6_K], Q8_0]
     x = torch.from_numpy(rng.standard_normal((3, 768)).astype(np.float32))
     y = qm.matmul(x)
     each = torch.cat([QuantMatrix([p]).matmul(x) for p in parts], 1)

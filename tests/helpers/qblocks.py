@@ -47,3 +47,13 @@ def assert_within_rounding_bound(y: np.ndarray, x: np.ndarray, w: np.ndarray) ->
     bound = (np.abs(w).reshape(w.shape[0], -1, 32).sum(-1) @ (d / 2).T).T
     err = np.abs(y - x.astype(np.float64) @ w.T)
     assert np.all(err <= bound * 1.001 + 1e-4), f"outside the q8 rounding bound: {err.max()}"
+
+
+def assert_matches_quantized_product(y: np.ndarray, x: np.ndarray, w: np.ndarray) -> None:
+    """y against the quantized activations' product in float64 (llama.cpp's q8 blocks of
+    x times the weights w [N, K]), to float32 rounding of its terms."""
+    q, d = ref_quantize(x)
+    wb = w.reshape(w.shape[0], -1, 32)
+    qref = np.einsum("mbk,nbk,mb->mn", q, wb, d)
+    scale = np.einsum("mbk,nbk,mb->mn", np.abs(q), np.abs(wb), d)
+    np.testing.assert_array_less(np.abs(y - qref), 2e-6 * scale + 1e-6)

@@ -146,8 +146,8 @@ def test_gguf_kernels_agree_with_transformers(gemma_loaded, reference, dtype):
 
 
 def test_avx2_repacked_blocks_agree_with_transformers(gemma_loaded, reference, monkeypatch):
-    """The AVX2 kernel build (forced on a CPU with AVX-512), which repacks the file's Q5_0
-    and Q4_K weights into 8-row tiles at start-up (`--repack auto`, the default): the float32
+    """The AVX2 kernel build (forced on a CPU with AVX-512), which repacks the file's Q5_0,
+    Q4_K and Q6_K weights into 8-row tiles at start-up (`--repack auto`, the default): the float32
     reference's greedy tokens as the GGUF kernels test holds them, fused and plain layers;
     `--repack off` keeps the blocks as stored."""
     from mimo import LLM
@@ -159,15 +159,15 @@ def test_avx2_repacked_blocks_agree_with_transformers(gemma_loaded, reference, m
         llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, quantize="gguf",
                   dtype="float32", kv_cache_memory="256MiB", fused_decode=fused)
         w = llm.engine.weights
-        assert w.kernels == "avx2" and {"Q5_0x8", "Q4_Kx8"} <= set(w.report.types)
-        assert not {"Q5_0", "Q4_K"} & set(w.report.types)
+        assert w.kernels == "avx2" and {"Q5_0x8", "Q4_Kx8", "Q6_Kx8"} <= set(w.report.types)
+        assert not {"Q5_0", "Q4_K", "Q6_K"} & set(w.report.types)
         assert _agree(llm, reference, KERNEL_MARGIN, True) >= STEPS
         assert _agree(llm, reference, KERNEL_MARGIN, False) >= STEPS
         llm.engine.check_integrity()
     off = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, quantize="gguf",
               dtype="float32", kv_cache_memory="256MiB", repack="off")
     types = set(off.engine.weights.report.types)
-    assert {"Q5_0", "Q4_K"} <= types and not {"Q5_0x8", "Q4_Kx8"} & types
+    assert {"Q5_0", "Q4_K", "Q6_K"} <= types and not {"Q5_0x8", "Q4_Kx8", "Q6_Kx8"} & types
 
 
 def test_gguf_plain_layers_agree_at_the_default_margin(gemma_loaded, reference):

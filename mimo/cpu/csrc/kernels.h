@@ -10,8 +10,8 @@
 torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                       const std::vector<int64_t>& qtypes);
 
-// GGUF blocks of `qtype` (Q5_0 or Q4_K) [N, rb], N a multiple of 8, in the 8-row tiles'
-// layout (type ids 106 and 112, qrepack256.cpp), and back.
+// GGUF blocks of `qtype` (Q5_0, Q4_K or Q6_K) [N, rb], N a multiple of 8, in the 8-row
+// tiles' layout (type ids 106, 112, 114: qrepack.h), and back (qrepack_io.cpp).
 torch::Tensor repack_x8(const torch::Tensor& w, int64_t qtype);
 torch::Tensor unpack_x8(const torch::Tensor& p, int64_t qtype);
 

@@ -9,7 +9,7 @@
 namespace mimo_q {
 
 enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-                   Q5_0X8 = 106, Q4_KX8 = 112 };   // not GGML's: repacked 8 rows a tile (qrepack256.cpp)
+                   Q5_0X8 = 106, Q4_KX8 = 112, Q6_KX8 = 114 };   // not GGML's: 8-row tiles (qrepack.h)
 
 inline float fp16(const uint8_t* p) {
     uint16_t h;
@@ -21,11 +21,11 @@ inline float fp16(const uint8_t* p) {
 constexpr int block_bytes(int t) {
     switch (t) {
         case Q4_0: return 18; case Q4_1: return 20; case Q5_0: return 22; case Q5_1: return 24;
-        case Q8_0: return 34; case Q5_0X8: return 22; case Q4_K: return 144; case Q4_KX8: return 148; case Q5_K: return 176; case Q6_K: return 210;
+        case Q8_0: return 34; case Q5_0X8: return 22; case Q4_K: return 144; case Q4_KX8: return 148; case Q6_KX8: return 210; case Q5_K: return 176; case Q6_K: return 210;
     }
     return 0;
 }
-constexpr int block_elems(int t) { return (t == Q4_K || t == Q5_K || t == Q6_K || t == Q4_KX8) ? 256 : 32; }
+constexpr int block_elems(int t) { return (t == Q4_K || t == Q5_K || t == Q6_K || t == Q4_KX8 || t == Q6_KX8) ? 256 : 32; }
 
 // One activation row quantized per block of 32: int8 quants, float scale d, d * sum(quants)
 // (for the weight types with a min), and the sum of the quants of each half-block of 16
@@ -56,7 +56,7 @@ bool tiles512(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_
 bool tiles256(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
               const QAct* a, int64_t M, float* out, int64_t ldo);
 
-// The same for the repacked types (qrepack256.cpp), every build; false for any other type.
+// The same for the 8-row tiles' types (qrepack256.cpp), every build; false for any other.
 bool rows_x8(int qtype, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
              const QAct* a, int64_t M, float* out, int64_t ldo);
 

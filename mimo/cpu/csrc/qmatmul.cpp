@@ -58,7 +58,7 @@ void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
     TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
     TORCH_CHECK(K % block_elems(t) == 0 && w.size(1) == K / block_elems(t) * bb,
                 "weight rows of ", w.size(1), " bytes do not hold K=", K, " elements of type ", qtype);
-    TORCH_CHECK((t != Q5_0X8 && t != Q4_KX8) || w.size(0) % 8 == 0,
+    TORCH_CHECK((t != Q5_0X8 && t != Q4_KX8 && t != Q6_KX8) || w.size(0) % 8 == 0,
                 "a repacked weight needs a multiple of 8 rows");
 }
 
@@ -287,9 +287,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::call_guard<py::gil_scoped_release>());
     m.def("qtopk", &qtopk, "top-k columns of x @ W^T per row, scores never written",
           py::call_guard<py::gil_scoped_release>());
-    m.def("repack_x8", &repack_x8, "Q5_0 / Q4_K blocks [N, rb] -> the 8-row tiles' layout",
+    m.def("repack_x8", &repack_x8, "Q5_0 / Q4_K / Q6_K blocks [N, rb] -> the 8-row tiles' layout",
           py::call_guard<py::gil_scoped_release>());
-    m.def("unpack_x8", &unpack_x8, "the 8-row tiles' layout -> the GGUF's Q5_0 / Q4_K blocks");
+    m.def("unpack_x8", &unpack_x8, "the 8-row tiles' layout -> the GGUF's blocks");
     m.def("quantize_q8", &quantize_q8, "activations -> int8 blocks of 32 and their scales");
     m.def("paged_decode_attention", &paged_decode_attention,
           "one query per sequence over paged KV read in place (GQA, sinks)");
