@@ -17,6 +17,14 @@ inline float fp16(const uint8_t* p) {
     return _cvtsh_ss(h);
 }
 
+// The 4 bytes at x in every int32 lane: an activation group against a register of tiles'
+// transposed weights (qtile256.cpp, qrepack256.cpp).
+inline __m256i bcast4(const int8_t* x) {
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+}
+
 // Bytes per block and elements per block of each supported type (ggml's block structs).
 constexpr int block_bytes(int t) {
     switch (t) {

@@ -25,26 +25,20 @@ inline __m256 i8x8(const uint8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 
-inline __m256i bcast(const int8_t* x) {
-    int32_t v;
-    std::memcpy(&v, x, 4);
-    return _mm256_set1_epi32(v);
-}
-
 // sum over k < 4 of T[k] . x[4k..4k+3] per int32 lane. Without VNNI: a vpmaddubsw lane is
 // at most 2 x 31 x 127 = 7,874 for quants up to 31 (four add up within int16 before
 // widening), 2 x 63 x 127 = 16,002 for Q6_K's (two).
 template <bool WIDE>
 inline __m256i dot4(const __m256i* T, const int8_t* x) {
 #ifdef MIMO_ISA_VNNI
-    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), T[0], bcast(x));
-    s = _mm256_dpbusd_epi32(s, T[1], bcast(x + 4));
-    s = _mm256_dpbusd_epi32(s, T[2], bcast(x + 8));
-    return _mm256_dpbusd_epi32(s, T[3], bcast(x + 12));
+    __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), T[0], bcast4(x));
+    s = _mm256_dpbusd_epi32(s, T[1], bcast4(x + 4));
+    s = _mm256_dpbusd_epi32(s, T[2], bcast4(x + 8));
+    return _mm256_dpbusd_epi32(s, T[3], bcast4(x + 12));
 #else
     const __m256i one = _mm256_set1_epi16(1);
-    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(T[0], bcast(x)), _mm256_maddubs_epi16(T[1], bcast(x + 4)));
-    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(T[2], bcast(x + 8)), _mm256_maddubs_epi16(T[3], bcast(x + 12)));
+    const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(T[0], bcast4(x)), _mm256_maddubs_epi16(T[1], bcast4(x + 4)));
+    const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(T[2], bcast4(x + 8)), _mm256_maddubs_epi16(T[3], bcast4(x + 12)));
     if constexpr (WIDE) return _mm256_add_epi32(_mm256_madd_epi16(p01, one), _mm256_madd_epi16(p23, one));
     return _mm256_madd_epi16(_mm256_add_epi16(p01, p23), one);
 #endif

@@ -59,12 +59,6 @@ inline void transpose(const __m256i z[8], __m256i t[8]) {
     }
 }
 
-inline __m256i bcast(const int8_t* x) {
-    int32_t v;
-    std::memcpy(&v, x, 4);
-    return _mm256_set1_epi32(v);
-}
-
 // sum over 4 groups k of t[k] . x[4k..4k+3], as int32 lanes
 template <int T>
 inline __m256i dot4(const __m256i* t, const int8_t* x) {
@@ -72,15 +66,15 @@ inline __m256i dot4(const __m256i* t, const int8_t* x) {
     if constexpr (T == Q8_0) {
         __m256i s = _mm256_setzero_si256();
         for (int k = 0; k < 4; ++k) {
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(t[k], t[k]), _mm256_sign_epi8(bcast(x + 4 * k), t[k]));
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(t[k], t[k]), _mm256_sign_epi8(bcast4(x + 4 * k), t[k]));
             s = _mm256_add_epi32(s, _mm256_madd_epi16(p, one));
         }
         return s;
     } else {
         // a vpmaddubsw lane is at most 2 x 63 x 127 = 16,002: two add up within int16, and
         // four when the quants are at most 31 (every type but Q6_K)
-        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], bcast(x)), _mm256_maddubs_epi16(t[1], bcast(x + 4)));
-        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], bcast(x + 8)), _mm256_maddubs_epi16(t[3], bcast(x + 12)));
+        const __m256i p01 = _mm256_add_epi16(_mm256_maddubs_epi16(t[0], bcast4(x)), _mm256_maddubs_epi16(t[1], bcast4(x + 4)));
+        const __m256i p23 = _mm256_add_epi16(_mm256_maddubs_epi16(t[2], bcast4(x + 8)), _mm256_maddubs_epi16(t[3], bcast4(x + 12)));
         if constexpr (T == Q6_K)
             return _mm256_add_epi32(_mm256_madd_epi16(p01, one), _mm256_madd_epi16(p23, one));
         return _mm256_madd_epi16(_mm256_add_epi16(p01, p23), one);
