@@ -3,9 +3,10 @@
 For every kernel build this CPU runs (and the plain PyTorch path for comparison), the
 product of the default model's real weights (its GGUF blocks: the Q8_0 tied head, and one
 layer's Q5_0 / Q4_K / Q6_K projections) with 1, 4 and 16 activation rows, and the fused
-greedy head (top-1, no logits written); weights the build can repack (Q5_0 in 8-row tiles)
-are timed both as stored and repacked, side by side. Each figure is given as weight bytes read per second
-and as a fraction of the memory read rate measured here (machine_limits).
+greedy head (top-1, no logits written); weights the build can repack (Q5_0, Q4_K, Q6_K in
+8-row tiles) are timed both as stored and repacked, side by side. Each figure is given as
+weight bytes read per second and as a fraction of the memory read rate measured here
+(machine_limits).
 
     python -m mimo.bench kernels [--threads N] [--reps 5]
 
@@ -78,8 +79,9 @@ def run(args) -> int:
         todo = []
         for name, part in _weights().items():
             todo.append((name, part))
-            if part.repacked(ext) is not part:
-                todo.append((f"{name} repacked", part.repacked(ext)))
+            tiled = part.repacked(ext)
+            if tiled is not part:
+                todo.append((f"{name} repacked", tiled))
         for name, part in todo:
             qm = QuantMatrix([part])
             for m in rows:

@@ -33,18 +33,22 @@ namespace mimo_q::x8 {
 constexpr int64_t ROWS = 8;
 
 template <int T> struct Layout;
-template <> struct Layout<Q5_0X8> {
-    static constexpr int GGML = Q5_0, GGUF_BYTES = 22, ROW_BYTES = 22, BLOCK = 176;
+// Sizes from qcommon.h's block_bytes, which the products' checks read too.
+template <int T, int G> struct Sizes {
+    static constexpr int GGUF_BYTES = block_bytes(G), ROW_BYTES = block_bytes(T);
+    static constexpr int BLOCK = ROWS * ROW_BYTES;
+};
+template <> struct Layout<Q5_0X8> : Sizes<Q5_0X8, Q5_0> {
     static constexpr int SCALES = 0, BITS = 16, NIBBLES = 48;
 };
-template <> struct Layout<Q4_KX8> {
-    static constexpr int GGML = Q4_K, GGUF_BYTES = 144, ROW_BYTES = 148, BLOCK = 1184;
+template <> struct Layout<Q4_KX8> : Sizes<Q4_KX8, Q4_K> {
     static constexpr int D = 0, DMIN = 16, SC = 32, MINS = 96, NIBBLES = 160;
 };
-template <> struct Layout<Q6_KX8> {
-    static constexpr int GGML = Q6_K, GGUF_BYTES = 210, ROW_BYTES = 210, BLOCK = 1680;
+template <> struct Layout<Q6_KX8> : Sizes<Q6_KX8, Q6_K> {
     static constexpr int D = 0, SC = 16, NIBBLES = 144, HIGH = 1168;
 };
+static_assert(Layout<Q5_0X8>::BLOCK == 176 && Layout<Q4_KX8>::BLOCK == 1184 &&
+              Layout<Q6_KX8>::BLOCK == 1680, "the offsets above assume these block sizes");
 
 // The repacked type of a GGML type, 0 where it has none.
 constexpr int repacked(int ggml) {

@@ -53,7 +53,6 @@ inline void nibbles(const uint8_t* n, int s, __m256i* T) {
     }
 }
 
-template <int NM>
 inline void block_q5_0(const uint8_t* b, int64_t j, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q5_0X8>;
     const __m256i LO = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
@@ -83,7 +82,6 @@ inline void block_q5_0(const uint8_t* b, int64_t j, const QAct* a, int rows, __m
     }
 }
 
-template <int NM>
 inline void block_q4_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q4_KX8>;
     const __m256 dv = fp16x8(b + L::D), mv = fp16x8(b + L::DMIN);
@@ -103,7 +101,6 @@ inline void block_q4_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __
     }
 }
 
-template <int NM>
 inline void block_q6_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q6_KX8>;
     const __m256i hi = _mm256_set1_epi8(0x30);
@@ -153,9 +150,9 @@ void tiles(const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, const QAct* a, 
                 for (int64_t l = lines * i / nb; l < lines * (i + 1) / nb; ++l)
                     _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
             const uint8_t* b = tile + L::BLOCK * i;
-            if constexpr (T == Q5_0X8) block_q5_0<NM>(b, i, a, rows, acc);
-            if constexpr (T == Q4_KX8) block_q4_k<NM>(b, i, a, rows, acc);
-            if constexpr (T == Q6_KX8) block_q6_k<NM>(b, i, a, rows, acc);
+            if constexpr (T == Q5_0X8) block_q5_0(b, i, a, rows, acc);
+            if constexpr (T == Q4_KX8) block_q4_k(b, i, a, rows, acc);
+            if constexpr (T == Q6_KX8) block_q6_k(b, i, a, rows, acc);
         }
         for (int m = 0; m < rows; ++m) _mm256_storeu_ps(out + m * ldo + t, acc[m]);
     }

@@ -56,7 +56,7 @@ void move(uint8_t* blk, uint8_t* d, int r, bool back) {
             std::memcpy(d + L::SCALES + 2 * r, blk, 2);
             for (int e = 0; e < 32; ++e) {
                 put(d + L::BITS + 4 * r + e % 4, bit5(blk, e), e / 4);
-                put(d + L::NIBBLES + 32 * (e / 4 % 4) + 4 * r + e % 4, nibble5(blk, e), e >= 16 ? 4 : 0);
+                put(d + L::NIBBLES + lane(r, e % 16), nibble5(blk, e), e >= 16 ? 4 : 0);
             }
             return;
         }
@@ -64,7 +64,7 @@ void move(uint8_t* blk, uint8_t* d, int r, bool back) {
         uint32_t qh = 0;
         for (int e = 0; e < 32; ++e) {
             qh |= static_cast<uint32_t>(get(d + L::BITS + 4 * r + e % 4, e / 4, 1)) << e;
-            const int n = get(d + L::NIBBLES + 32 * (e / 4 % 4) + 4 * r + e % 4, e >= 16 ? 4 : 0, 15);
+            const int n = get(d + L::NIBBLES + lane(r, e % 16), e >= 16 ? 4 : 0, 15);
             put(blk + 6 + e % 16, n, e < 16 ? 0 : 4);
         }
         std::memcpy(blk + 2, &qh, 4);
