@@ -384,6 +384,8 @@ class Scheduler:
             cache = self._cache_of(seq)
             if cache is not None and seq.finish_reason is None and c.start < seq.prefill_end:
                 cache.sync(kv, seq.all_ids[:kept_from], len(seq.prompt_ids))
+            if cache is not None and seq.finish_reason is not None:
+                continue        # finish offers the cache every page still live (retention)
             self.pool.release_window(kv, kept_from)
             if cache is not None:
                 cache.window_released(kv)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from helpers.kv_checks import drop_speculative_windows
 from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 
 from mimo import LLM, SamplingParams
@@ -153,6 +154,9 @@ def test_prompts_sharing_a_1500_token_prefix(loaded, rebuild):
     llm = make(loaded, window_rebuild=rebuild, parts=EngineParts(decode=rec))
     tree = llm.engine.cache.tree
     out_a = run(llm, [a])[0]
+    # a's chunks left a window before every page (speculative, retention's `spare`); SWA
+    # pressure takes those first (a's own end window stays).
+    drop_speculative_windows(llm)
     # b forks off a's path at 1500, where a kept no window: cut back to a's last window,
     # or (rebuild) to RECEPTIVE tokens before 1496.
     expect_b = brute_force_safe_len(tree, b[:-1], RECEPTIVE * rebuild)
@@ -166,9 +170,38 @@ def test_prompts_sharing_a_1500_token_prefix(loaded, rebuild):
     expect_c = brute_force_safe_len(tree, c[:-1])
     out_c = run(llm, [c])[0]
     assert out_a.cached_tokens == 0
-    assert out_b.cached_tokens == expect_b > 0
-    assert out_c.cached_tokens == expect_c == 1500 // PAGE * PAGE
+    # (cut back: to nothing, a's only firm window is its end's; the cut back to an evicted
+    # window's predecessor: test_match_is_cut_back_when_interior_swa_was_evicted)
+    assert out_b.cached_tokens == expect_b and (expect_b > 0 or not rebuild)
+    # whole pages to 1496, then the rows of b's page it agrees on (b's chunk left its SWA)
+    assert expect_c == 1500 // PAGE * PAGE and out_c.cached_tokens == 1500
     assert [o.token_ids for o in (out_a, out_b, out_c)] == [w.token_ids for w in want]
+
+
+def test_a_fork_inside_a_long_chunk_reuses_the_whole_shared_prefix(loaded):
+    """A prompt prefilled in chunks of 256 (8 windows of 32) leaves the SWA of every chunk's
+    pages in the tree, speculative, not only the windows before its chunks' ends: prompts
+    forking at 1,500 and at 1,001 (inside chunks) reuse every whole page they share, their
+    logits the uncached ones. (An SWA pool with room for them: under pressure they are the
+    first to go.)"""
+    prefix = ids(1500, 2)
+    a = prefix + ids(40, 10)
+    forks = [prefix + ids(47, 11), prefix[:1001] + ids(30, 12)]
+    for f in forks:
+        ref, rec = LogitRecorder(), LogitRecorder()
+        want = run(make(loaded, cache=False, parts=EngineParts(decode=ref)), [f])[0]
+        llm = make(loaded, kv_cache_memory="32MiB", swa_share=0.5,
+                   parts=EngineParts(decode=rec))
+        assert run(llm, [a])[0].cached_tokens == 0
+        assert llm.engine.cache.tree.counters["tombstoned_swa"] == 0
+        rec.take()
+        shared = next(i for i, (x, y) in enumerate(zip(f, a)) if x != y)
+        assert brute_force_safe_len(llm.engine.cache.tree, f[:-1]) == shared // PAGE * PAGE
+        out = run(llm, [f])[0]
+        # whole pages, then the rows of a's next page it agrees on (radix/tails.py)
+        assert out.cached_tokens == shared
+        torch.testing.assert_close(rec.take(), ref.take(), rtol=1e-4, atol=1e-4)
+        assert out.token_ids == want.token_ids
 
 
 @pytest.mark.parametrize("rebuild", [False, True], ids=["cut-back", "window-rebuild"])
@@ -332,6 +365,7 @@ def test_a_rebuild_aborted_midway_leaves_no_inexact_swa_in_the_cache(loaded):
     llm = make(loaded, parts=EngineParts(decode=rec, prefill=chunks))
     eng = llm.engine
     run(llm, [a])
+    drop_speculative_windows(llm)       # b's fork at 1500 has no window: it rebuilds
     chunks.small = True
     seq = eng.add_request(b, GREEDY)
     while seq.num_computed == 0:

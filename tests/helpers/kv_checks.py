@@ -43,3 +43,15 @@ def insert_as_engine(tree, toks, protect=False) -> None:
     tree.check_integrity()
     for a in (fa, sa):
         assert a.num_free + a.num_evictable + a.num_in_use == a.capacity
+
+
+def drop_speculative_windows(llm) -> None:
+    """Free, as SWA pressure would first, the SWA of the cache's nodes that hold no firm
+    window (a prefill's chunks and the dense grid leave those: radix/retention.py)."""
+    eng, tree = llm.engine, llm.engine.cache.tree
+    spare = [n for n in tree.paths.nodes() if n.swa and n.swa_time < 0 and n.lock_ref == 0]
+    assert spare, "no speculative windows to drop"
+    live = sum(s >= 0 for n in spare for s in n.swa)
+    eng.cache.make_room(0, eng.pool.swa.allocator.num_free + live)
+    eng.check_integrity()
+    assert all(s < 0 for n in spare for s in n.swa)

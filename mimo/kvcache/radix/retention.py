@@ -19,7 +19,14 @@ request is likely to stop matching and start computing:
   system prompts, shared documents and earlier turns are forked at places nobody could
   predict, and a grid of windows lets even the first request to fork there hit. They are
   *speculative*: the tree gives them the lowest SWA priority until a match ends at one, so
-  they only occupy SWA room that nothing firm wants, and cost nothing under pressure.
+  they only occupy SWA room that nothing firm wants, and cost nothing under pressure;
+- `spare`: the SWA pages a running prefill offers when it shares its prompt after a chunk
+  (the chunk's pages behind its window, which window release would free next) are kept too,
+  as speculative as the dense grid. A prompt prefilled in chunks longer than the window then
+  leaves a window before every page, not only before each chunk's end, at no cost to the
+  request (the pages are the tree's, unlocked, evictable) and none under pressure: a later
+  prompt sharing 2,000 tokens of a 3,000-token one prefilled in chunks of 1,536 reuses 2,000
+  instead of 1,536.
 
 `align` rounds the cached end and the prompt checkpoint down to a multiple of that many
 tokens. Tiered caches and routers key KV by chained hashes of fixed blocks (Mooncake traces:
@@ -62,6 +69,7 @@ class RetentionPolicy:
     dense_every: int = 0      # tokens between dense checkpoints (0: none)
     dense_upto: int | None = None   # dense checkpoints only up to this position (None: all)
     keep_all: bool = False    # keep every SWA page offered (tests; "SWA cached like full")
+    spare: bool = False       # keep the SWA pages a prefill's sync offers, speculative
     output: bool = True       # cache generated tokens too (False: prompts only)
 
     def _align(self, page: int) -> int:
@@ -119,10 +127,10 @@ POLICIES = {
     # every 8192 tokens (4096-16384 measure the same on the Mooncake conversation trace);
     # prompts only: for models whose next turn does not resend the output verbatim
     # (MiMo-V2 and other reasoning models drop their thinking from the history).
-    "hybrid": RetentionPolicy(dense_every=8192, output=False),
+    "hybrid": RetentionPolicy(dense_every=8192, output=False, spare=True),
     # The same, and the output cached too with a window at its end: chat models and agents
     # whose next request continues the whole sequence.
-    "hybrid-output": RetentionPolicy(dense_every=8192),
+    "hybrid-output": RetentionPolicy(dense_every=8192, spare=True),
     # The simple rule: one window at the end of the prompt (its last full block when
     # aligned), nothing else.
     "prompt-only": RetentionPolicy(branch=False, output=False),

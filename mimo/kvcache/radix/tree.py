@@ -364,6 +364,10 @@ class RadixTree:
             keep = set(range(end)) if pol.keep_all else pol.keep_pages(cps, self.W, P)
             firm = keep if pol.keep_all else pol.keep_pages(
                 pol.checkpoints(n_tokens, prompt_len, branch, P, firm_only=True), self.W, P)
+            if pol.spare:
+                # the new pages' live SWA offered beyond the checkpoints' (a prefill's
+                # chunk behind its window): kept at speculative priority (retention.py)
+                keep = keep | {i for i in range(mq, end) if _live(swa[i])}
             tree_swa = [s for nd, k in path for s in (nd.swa or [])[:k]]
             live = [(i < mq and tree_swa[i] >= 0)
                     or ((revive or i >= mq) and i in keep and _live(swa[i]))
@@ -428,8 +432,12 @@ class RadixTree:
                 # No longer a leaf, it protects no tail window: the nodes holding that
                 # window may have left the SWA heap while protected.
                 self.evictor.push_window(last)
-        bounds = sorted({c // P for c in plan.cps if plan.cached < c // P < plan.end}
-                        | {plan.end})
+        cuts = {c // P for c in plan.cps if plan.cached < c // P < plan.end} | {plan.end}
+        if self.hybrid and self.policy.spare:
+            # firm windows in nodes of their own: a node's SWA priority is its firmest page's
+            cuts |= {i for i in range(plan.cached + 1, plan.end)
+                     if (i in plan.firm) != (i - 1 in plan.firm)}
+        bounds = sorted(cuts)
         lo = plan.cached
         for hi in bounds:
             node_swa = None
