@@ -102,3 +102,35 @@ def test_an_extended_end_is_demoted():
     tree.check_integrity()
     old_end = [n for n in tree.paths.nodes() if n.end == 40]
     assert len(old_end) == 1 and old_end[0].swa_time < 0 and old_end[0].children
+
+
+@pytest.mark.parametrize("revive", [True, False], ids=["finish", "sync"])
+def test_spare_pages_are_kept_speculative_beside_firm_windows(revive):
+    """`spare`: every live SWA page offered is kept, those outside the checkpoints' windows
+    in nodes of their own at speculative priority, so SWA pressure takes them first and the
+    firm windows stay. Without it the same insert hands them back."""
+    P, W = 4, 8
+    toks = list(range(40))
+    plain = RadixTree(P, W, PageAllocator(64), PageAllocator(64), RetentionPolicy())
+    res = plain.insert(toks, plain.full_alloc.alloc(10), plain.swa_alloc.alloc(10),
+                       prompt_len=40, revive=revive)
+    assert len(res.dup_swa) == 7                # pages 0-6: outside the windows of 36 and 40
+    fa, sa = PageAllocator(64), PageAllocator(64)
+    tree = RadixTree(P, W, fa, sa, RetentionPolicy(spare=True))
+    res = tree.insert(toks, fa.alloc(10), sa.alloc(10), prompt_len=40, revive=revive)
+    assert res.dup_full == [] and res.dup_swa == []
+    tree.check_integrity()
+    # windows of 36 (pages 7, 8) and 40 (8, 9) are firm; pages 0-6 a node of their own
+    assert sorted(n.end for n in tree.paths.nodes() if n.swa_time < 0) == [28]
+    assert all(s >= 0 for n in tree.paths.nodes() for s in n.swa or [])
+    assert sa.num_free + sa.num_evictable + sa.num_in_use == sa.capacity
+    # (before any match: one ending in the spare node would promote it)
+    assert tree.evict(0, 1) == (0, 7)           # the spare node's SWA goes first, whole
+    tree.check_integrity()
+    assert tree.match(toks[:20]).length == 0 and tree.match(toks).length == 40
+    assert tree.match(toks[:37]).length == 36
+    # kept, a fork anywhere is window-safe: the same insert again, then a match at 20
+    again = RadixTree(P, W, PageAllocator(64), PageAllocator(64), RetentionPolicy(spare=True))
+    again.insert(toks, again.full_alloc.alloc(10), again.swa_alloc.alloc(10), prompt_len=40,
+                 revive=revive)
+    assert [again.match(toks[:k]).length for k in (13, 20, 40)] == [12, 20, 40]
