@@ -134,3 +134,33 @@ def test_spare_pages_are_kept_speculative_beside_firm_windows(revive):
     again.insert(toks, again.full_alloc.alloc(10), again.swa_alloc.alloc(10), prompt_len=40,
                  revive=revive)
     assert [again.match(toks[:k]).length for k in (13, 20, 40)] == [12, 20, 40]
+
+
+def test_a_window_on_spare_pages_is_split_off_and_claimed():
+    """A later insert whose checkpoint window lands on pages an earlier one kept as spare
+    (a fork inside that prefill's chunk) splits them into a node of their own, claims them
+    (no longer spare: the tiers copy them down) and gives that node a firm priority; the
+    rest of the spare node stays spare and speculative."""
+    P, W = 4, 8
+    fa, sa = PageAllocator(64), PageAllocator(64)
+    tree = RadixTree(P, W, fa, sa, RetentionPolicy(spare=True))
+    toks = list(range(40))
+    tree.insert(toks, fa.alloc(10), sa.alloc(10), prompt_len=40)
+    spare_node = next(n for n in tree.paths.nodes() if n.end == 28)
+    assert all(tree.spare_swa(s) for s in spare_node.swa)
+    fork = toks[:20] + list(range(100, 112))          # branches at 20: window pages 3, 4
+    m = tree.match(fork, count=False)
+    assert m.length == 20
+    tree.lock(m.node)
+    res = tree.insert(fork, m.full_pages + fa.alloc(3), list(m.swa_pages) + sa.alloc(3),
+                      prompt_len=len(fork))
+    fa.free(res.dup_full)
+    sa.free(res.dup_swa)
+    tree.unlock(m.node)
+    tree.check_integrity()
+    ends = {n.end: n for n in tree.paths.nodes() if n.parent is not None and n.start < 28}
+    win = next(n for n in ends.values() if n.start == 12 and n.end == 20)
+    assert not any(tree.spare_swa(s) for s in win.swa) and win.swa_time > 0
+    rest = [n for n in ends.values() if n is not win and n.end <= 28]
+    assert rest and all(tree.spare_swa(s) for n in rest for s in n.swa if s >= 0)
+    assert all(n.swa_time < 0 for n in rest)

@@ -69,6 +69,7 @@ def check_integrity(tree: RadixTree) -> None:
     own_f, own_s = tree.pages.own_f, tree.pages.own_s
     assert int(own_f.sum()) == len(seen_f) and all(own_f[list(seen_f)])
     assert int(own_s.sum()) == len(seen_s) and all(own_s[list(seen_s)])
+    assert not (tree.pages.spare_s & ~own_s).any(), "a spare mark on an SWA page not held"
     assert tree.full_alloc.num_evictable == evict_f, "full pages parked outside the tree"
     tree.full_alloc.check_integrity()
     if tree.swa_alloc is not None:

@@ -15,6 +15,9 @@ class PageBook:
         self.full_alloc, self.swa_alloc = full_alloc, swa_alloc
         self.own_f = np.zeros(full_alloc.capacity, dtype=bool)
         self.own_s = np.zeros(0 if swa_alloc is None else swa_alloc.capacity, dtype=bool)
+        # Owned SWA pages kept only as spare (retention's `spare`: no checkpoint's window):
+        # the tiers never copy them down.
+        self.spare_s = np.zeros_like(self.own_s)
 
     @property
     def swa_pool(self) -> PageAllocator:
@@ -36,8 +39,15 @@ class PageBook:
         self.full_alloc.unpark(pages)
         self.full_alloc.free(pages)
 
+    def mark_spare(self, pages: list[int], spare: bool = True) -> None:
+        self.spare_s[pages] = spare
+
+    def is_spare(self, page: int) -> bool:
+        return bool(self.spare_s[page])
+
     def free_swa(self, pages: list[int]) -> None:
         self.own_s[pages] = False
+        self.spare_s[pages] = False
         self.swa_pool.unpark(pages)
         self.swa_pool.free(pages)
 
@@ -48,6 +58,7 @@ class PageBook:
         self.full_alloc.unpark([full])
         if swa is not None:
             self.own_s[swa] = False
+            self.spare_s[swa] = False
             self.swa_pool.unpark([swa])
 
     def owns_full(self, page: int) -> bool:

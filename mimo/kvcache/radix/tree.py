@@ -81,6 +81,7 @@ class InsertPlan:
     branch: int             # where the sequence left the cached path (checkpoints use it)
     keep: set[int]          # logical pages whose SWA the tree keeps
     firm: set[int]          # of those, the ones not speculative
+    spare: set[int]         # of those, the ones no checkpoint's window needs (`spare`)
     revive: bool            # False: a sync; the request goes on computing this path
     now: int                # the insert's tick (+ PROTECTED for a session)
 
@@ -305,6 +306,11 @@ class RadixTree:
     def checkpoints(self, total_len: int, prompt_len: int | None, branch_len: int) -> list[int]:
         return self.policy.checkpoints(total_len, prompt_len, branch_len, self.P)
 
+    def spare_swa(self, page: int) -> bool:
+        """Whether an SWA page the tree holds is kept only as spare (no checkpoint's window:
+        retention.py), which the tiers leave in L1."""
+        return self.pages.is_spare(page)
+
     def keep_pages(self, total_len: int, prompt_len: int | None, branch_len: int) -> set[int]:
         """Logical pages whose SWA a running request must not release: window release
         skips them so insert can keep them (branch_len: `MatchResult.prefix_len`)."""
@@ -340,6 +346,8 @@ class RadixTree:
         assert root is not None             # create=True
         path, m = self.paths.walk(root, toks, min(len(full_pages), len(toks) // P))
         plan = self._plan(len(toks), path, m, swa, prompt_len, branch_len, revive, now)
+        if self._split_spare(path, plan):
+            path, m = self.paths.walk(root, toks, min(len(full_pages), len(toks) // P))
         remap = self._refresh_cached(path, full_pages, swa, plan)
         if plan.end > plan.cached:          # the new part: new nodes split at checkpoints
             self._add_new(root, path, toks, full_pages, swa, plan, prompt_len)
@@ -358,7 +366,7 @@ class RadixTree:
         end = self.policy.cache_len(n_tokens, P, prompt_len) // P
         branch = m if branch_len is None else branch_len
         cps = self.checkpoints(n_tokens, prompt_len, branch)
-        keep, firm = set[int](), set[int]()      # stay empty without SWA pools
+        keep, firm, spare = set[int](), set[int](), set[int]()    # empty without SWA pools
         if self.hybrid:
             pol = self.policy
             keep = set(range(end)) if pol.keep_all else pol.keep_pages(cps, self.W, P)
@@ -367,13 +375,14 @@ class RadixTree:
             if pol.spare:
                 # the new pages' live SWA offered beyond the checkpoints' (a prefill's
                 # chunk behind its window): kept at speculative priority (retention.py)
-                keep = keep | {i for i in range(mq, end) if _live(swa[i])}
+                spare = {i for i in range(mq, end) if i not in keep and _live(swa[i])}
+                keep = keep | spare
             tree_swa = [s for nd, k in path for s in (nd.swa or [])[:k]]
             live = [(i < mq and tree_swa[i] >= 0)
                     or ((revive or i >= mq) and i in keep and _live(swa[i]))
                     for i in range(end)]
             end = self.paths.safe_pages(live, end)
-        return InsertPlan(mq, end, cps, branch, keep, firm, revive, now)
+        return InsertPlan(mq, end, cps, branch, keep, firm, spare, revive, now)
 
     def _refresh_cached(self, path: Path, full_pages: list[int], swa: list[int | None],
                         plan: InsertPlan) -> list[tuple[int, int]]:
@@ -390,6 +399,14 @@ class RadixTree:
                     and not any(base + i in plan.firm for i in range(k))):
                 nd.swa_time = min(nd.swa_time, plan.now - SPECULATIVE)
                 self.lru.push_swa(nd)
+            for i in range(k) if self.hybrid and self.policy.spare else ():
+                assert nd.swa is not None
+                if nd.swa[i] >= 0 and self.pages.is_spare(nd.swa[i]) and base + i in plan.keep:
+                    # a checkpoint's window on pages an earlier prefill left spare (its
+                    # node was split there: _split_spare): a window like any other now
+                    self.pages.mark_spare([nd.swa[i]], False)
+                    if base + i in plan.firm:
+                        revived.append((nd, base + i))
             for i in range(k) if self.hybrid and plan.revive else ():
                 g, s = base + i, swa[base + i]
                 assert nd.swa is not None
@@ -407,6 +424,31 @@ class RadixTree:
                 nd.swa_time = plan.now
             self.lru.push_swa(nd)
         return remap
+
+    def _split_spare(self, path: Path, plan: InsertPlan) -> bool:
+        """Split the path's nodes holding spare SWA where this insert's kept windows begin
+        and end, so that a window landing on spare pages gets a node (and a priority) of
+        its own. Returns whether anything was split (the caller walks the path again)."""
+        if not (self.hybrid and self.policy.spare and plan.keep):
+            return False
+        split, base = False, 0
+        for nd, k in path:
+            assert nd.swa is not None
+            if any(s >= 0 and self.pages.is_spare(s) for s in nd.swa[:k]):
+                cuts = [i for i in range(1, k)
+                        if (base + i in plan.keep) != (base + i - 1 in plan.keep)]
+                node = nd
+                for i in reversed(cuts):        # each split keeps `node` as the suffix
+                    pre = self.paths.split(node, i)
+                    if base + i - 1 not in plan.keep:
+                        # spare pages ending where no match ended: speculative again (a
+                        # match ending further on may have promoted the node they were in)
+                        pre.swa_time = min(pre.swa_time, plan.now - SPECULATIVE)
+                        self.lru.push_swa(pre)
+                    node = pre
+                split = split or bool(cuts)
+            base += k
+        return split
 
     def _add_new(self, root: Node, path: Path, toks: array[int], full_pages: list[int],
                  swa: list[int | None], plan: InsertPlan, prompt_len: int | None) -> None:
@@ -433,10 +475,10 @@ class RadixTree:
                 # window may have left the SWA heap while protected.
                 self.evictor.push_window(last)
         cuts = {c // P for c in plan.cps if plan.cached < c // P < plan.end} | {plan.end}
-        if self.hybrid and self.policy.spare:
-            # firm windows in nodes of their own: a node's SWA priority is its firmest page's
+        if plan.spare:
+            # spare pages in nodes of their own: a node's SWA priority is its firmest page's
             cuts |= {i for i in range(plan.cached + 1, plan.end)
-                     if (i in plan.firm) != (i - 1 in plan.firm)}
+                     if (i in plan.spare) != (i - 1 in plan.spare)}
         bounds = sorted(cuts)
         lo = plan.cached
         for hi in bounds:
@@ -449,6 +491,8 @@ class RadixTree:
             self.pages.take_full(nd.full)
             if node_swa is not None:
                 self.pages.take_swa([s for s in node_swa if s >= 0])
+                if lo in plan.spare:                # (the whole node: cut there)
+                    self.pages.mark_spare([s for s in node_swa if s >= 0])
                 if not any(i in plan.firm for i in range(lo, hi)):
                     nd.swa_time = now - SPECULATIVE   # older than anything firm
                 self.lru.push_swa(nd)

@@ -6,7 +6,8 @@ of admission) holds unchanged:
 - **down**: pages L1 evicts (whole nodes, and SWA-only evictions) are copied to L2 just
   before they are freed (`RadixTree.on_evict`, write-back). Prefixes are written through to
   L3 as their prefill proceeds (every chunk's `sync`) and when the request ends: full KV for
-  every page L1 caches, SWA KV only for the windows L1 keeps (its retention checkpoints).
+  every page L1 caches, SWA KV only for the windows L1 keeps (its retention checkpoints;
+  never the pages it keeps only as spare, `RadixTree.spare_swa`).
 - **up** (`promote`): a hit that reaches past L1 is planned over all tiers by the L1 rule
   (`hit_plan.best_hit`): full KV of pages [0, n) and SWA of the window before n, each page
   from whichever tier has it (a split hit: full KV in L1, the window from L2). The missing
@@ -131,6 +132,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
     def _write_back(self, node: Node, full_idx: list[int], swa_idx: list[int]) -> None:
         assert self.host is not None
         keys = self._node_keys(node)
+        swa_idx = [i for i in swa_idx if not self.tree.spare_swa((node.swa or [])[i])]
         for kind, idx, pages in ((FULL, full_idx, node.full), (SWA, swa_idx, node.swa or [])):
             store = self.host.stores.get(kind)
             idx = [i for i in idx if store is not None and not store.has(keys[i])]
@@ -167,7 +169,7 @@ class TieredPrefixCache(PromotionMixin, PrefixCache):
             for i in range(k):
                 for kind, page in ((FULL, node.full[i]),
                                    (SWA, node.swa[i] if node.swa is not None else -1)):
-                    if page < 0:
+                    if page < 0 or (kind == SWA and self.tree.spare_swa(page)):
                         continue
                     name = self.keys.name(kind, keys[i])
                     if name not in self._written:
