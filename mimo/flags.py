@@ -92,7 +92,9 @@ def _cache_flags(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--retention", default="hybrid-output",
                    choices=["hybrid-output", "hybrid", "prompt-only", "keep-all"],
                    help="which SWA KV the prefix cache keeps after a request: hybrid-output "
-                        "(prompt, output end, branch points, sparse grid), hybrid (the same "
+                        "(prompt, output end, branch points, sparse grid, and a prefill's "
+                        "chunk pages as spare SWA: evicted first, never copied to the tiers), "
+                        "hybrid (the same "
                         "without outputs: for models whose next turn drops them), prompt-only, "
                         "keep-all")
     g.add_argument("--window-rebuild", action=argparse.BooleanOptionalAction, default=True,
