@@ -401,7 +401,7 @@ class RadixTree:
                 self.lru.push_swa(nd)
             for i in range(k) if self.hybrid and self.policy.spare else ():
                 assert nd.swa is not None
-                if nd.swa[i] >= 0 and self.pages.is_spare(nd.swa[i]) and base + i in plan.keep:
+                if base + i in plan.keep and nd.swa[i] >= 0 and self.pages.is_spare(nd.swa[i]):
                     # a checkpoint's window on pages an earlier prefill left spare (its
                     # node was split there: _split_spare): a window like any other now
                     self.pages.mark_spare([nd.swa[i]], False)
@@ -434,9 +434,9 @@ class RadixTree:
         split, base = False, 0
         for nd, k in path:
             assert nd.swa is not None
-            if any(s >= 0 and self.pages.is_spare(s) for s in nd.swa[:k]):
-                cuts = [i for i in range(1, k)
-                        if (base + i in plan.keep) != (base + i - 1 in plan.keep)]
+            cuts = [i for i in range(1, k)
+                    if (base + i in plan.keep) != (base + i - 1 in plan.keep)]
+            if cuts and any(s >= 0 and self.pages.is_spare(s) for s in nd.swa[:k]):
                 node = nd
                 for i in reversed(cuts):        # each split keeps `node` as the suffix
                     pre = self.paths.split(node, i)
@@ -446,7 +446,7 @@ class RadixTree:
                         pre.swa_time = min(pre.swa_time, plan.now - SPECULATIVE)
                         self.lru.push_swa(pre)
                     node = pre
-                split = split or bool(cuts)
+                split = True
             base += k
         return split
 
