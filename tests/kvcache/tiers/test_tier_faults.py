@@ -16,11 +16,11 @@ from mimo import LLM, SamplingParams
 from mimo.kvcache.tiers.hit_plan import best_hit
 
 PAGE, N, W = 4, 1200, 8
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 # The faults here are refused connections and bad bytes, which fail at once; the deadline only
 # has to be long enough that a healthy lookup on a loaded 2-core CI machine never runs past it
 # (at 1 s a full hit once read as a miss in CI, most likely a lookup past its deadline; the
 # hit assertions name the store's errors).
-GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 BASE = dict(dtype="float32", page_size=PAGE, progress=False, kv_cache_memory="8MiB",
             kv_storage_timeout=10.0)
 FULL_HIT = (N - 1) // PAGE * PAGE
