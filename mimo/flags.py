@@ -10,10 +10,13 @@ from .config import ATTENTION_BACKENDS, PREFILL_MATMULS, QUANTIZE, ConfigError, 
 
 
 def _cpu_line() -> str:
-    from .cpu.features import CPUFeatureError, chosen_isa, cpu_info
+    from .cpu.features import CPUFeatureError, amx_wanted, chosen_isa, cpu_info
     info = cpu_info()
     try:
         isa = chosen_isa(info) or "none (plain PyTorch)"
+        if isa == "avx512-vnni" and {"amx_tile", "amx_int8"} <= info.flags:
+            isa += (", 8-16 rows on AMX-INT8 tiles" if amx_wanted()
+                    else ", AMX-INT8 tiles off (MIMO_CPU_AMX)")
     except CPUFeatureError as e:
         isa = f"invalid ({e})"
     return (f"This CPU: {info.summary()}; bfloat16 arithmetic "

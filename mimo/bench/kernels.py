@@ -2,11 +2,12 @@
 
 For every kernel build this CPU runs (and the plain PyTorch path for comparison), the
 product of the default model's real weights (its GGUF blocks: the Q8_0 tied head, and one
-layer's Q5_0 / Q4_K / Q6_K projections) with 1, 4 and 16 activation rows, and the fused
-greedy head (top-1, no logits written); weights the build can repack (Q5_0, Q4_K, Q6_K in
-8-row tiles) are timed both as stored and repacked, side by side. Each figure is given as
-weight bytes read per second and as a fraction of the memory read rate measured here
-(machine_limits).
+layer's Q5_0 / Q4_K / Q6_K projections) with 1, 4, 8 and 16 activation rows, and the fused
+greedy head (top-1, no logits written); the VNNI build with its AMX-INT8 tiles off and, for
+the rows they take, on ("avx512-vnni+amx") where the CPU has them; weights the build can
+repack (Q5_0, Q4_K, Q6_K in 8-row tiles) are timed both as stored and repacked, side by
+side. Each figure is given as weight bytes read per second and as a fraction of the memory
+read rate measured here (machine_limits).
 
     python -m mimo.bench kernels [--threads N] [--reps 5]
 
@@ -24,7 +25,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("kernels", help="CPU kernels (GGUF blocks) against memory bandwidth")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--reps", type=int, default=5, help="timed calls per figure (best kept)")
-    p.add_argument("--rows", default="1,4,16", help="activation rows to time")
+    p.add_argument("--rows", default="1,4,8,16", help="activation rows to time")
     return p
 
 
@@ -76,6 +77,9 @@ def run(args) -> int:
         ext = extension.load(isa)
         if ext is None:
             continue
+        before = ext.amx_tiles()
+        # the VNNI build with its AMX-INT8 tiles off and on, where the CPU has them
+        modes = [False] + ([True] if ext.set_amx_tiles(True) else [])
         todo = []
         for name, part in _weights().items():
             todo.append((name, part))
@@ -84,11 +88,13 @@ def run(args) -> int:
                 todo.append((f"{name} repacked", tiled))
         for name, part in todo:
             qm = QuantMatrix([part])
-            for m in rows:
+            for m, amx in [(m, a) for m in rows for a in modes
+                           if not a or m >= ext.amx_min_rows()]:
+                ext.set_amx_tiles(amx)
                 x = torch.randn(m, part.cols)
                 t = best_time(ext.qlinear, args.reps, x, [part.data], [part.qtype])
-                row = {"isa": isa, "weight": name, "rows": m, "ms": round(t * 1e3, 3),
-                       "gbs": round(qm.nbytes / t / 1e9, 2),
+                row = {"isa": isa + ("+amx" if amx else ""), "weight": name, "rows": m,
+                       "ms": round(t * 1e3, 3), "gbs": round(qm.nbytes / t / 1e9, 2),
                        "bandwidth_fraction": round(qm.nbytes / t / bw, 3)}
                 if name.startswith("head"):
                     tk = best_time(ext.qtopk, args.reps, x, part.data, part.qtype, 1)
@@ -96,6 +102,7 @@ def run(args) -> int:
                     row["top1_bandwidth_fraction"] = round(qm.nbytes / tk / bw, 3)
                 results.append(row)
                 print(json.dumps(row), file=sys.stderr)
+        ext.set_amx_tiles(before)
     head = _weights()["head (Q8_0)"]
     dense = head.dequantize()
     for dtype in (torch.float32, torch.bfloat16):

@@ -81,6 +81,15 @@ def read_bandwidth(nbytes: int, reps: int) -> dict[str, float]:
     return out
 
 
+def _kernel_label(isa: str | None) -> str:
+    """The build, "+amx" where its 8-16-row products run on the AMX-INT8 tiles."""
+    if isa is None:
+        return "none"
+    from mimo.cpu import extension
+    ext = extension.load(isa)
+    return isa + ("+amx" if ext is not None and ext.amx_tiles() else "")
+
+
 def measure(threads: int, quick: bool = False, reps: int = 5,
             matmul_shape: tuple[int, int, int] = (3000, 640, 2048)) -> dict:
     import torch
@@ -101,7 +110,7 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
     return {"cpu": info.model, "cpu_flags": sorted(info.flags),
             # what runs on them: mimo's kernel build ($MIMO_CPU_ISA forces one) and
             # torch's own vector code ($ATEN_CPU_CAPABILITY)
-            "kernel_isa": chosen_isa(info) or "none",
+            "kernel_isa": _kernel_label(chosen_isa(info)),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             "threads": threads, "matmul_shape": list(shape), "matmul_dtype": best,
             "matmul_gflops": round(rates[best] / 1e9, 1),

@@ -19,23 +19,24 @@ from types import ModuleType
 
 import torch
 
-from .features import chosen_isa
+from .features import amx_wanted, chosen_isa
 
 log = logging.getLogger("mimo.cpu")
 
 _CSRC = Path(__file__).parent / "csrc"
-_SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "qtile256.cpp",
-                              "qrepack256.cpp", "qrepack_io.cpp",
+_SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "amx_tiles.cpp",
+                              "qtile256.cpp", "qrepack256.cpp", "qrepack_io.cpp",
                               "qgemm512.cpp", "attention.cpp", "decode_ops.cpp",
                               "decode_attention.cpp", "prefill_attention.cpp",
                               "prefill_attention_amx.cpp",
                               "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp")]
-_HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qdecode512.h", "kernels.h",
+_HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qdecode512.h", "amx_tiles.h",
+                                 "kernels.h",
                                  "vec_math.h", "rows_io.h", "prefill_span.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DMIMO_ISA_AVX2"],
     "avx512-vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
-                    "-mavx512vnni", "-DMIMO_ISA_VNNI"],
+                    "-mavx512vnni", "-mamx-tile", "-mamx-int8", "-DMIMO_ISA_VNNI"],
 }
 _lock = threading.Lock()
 _loaded: dict[str, ModuleType | None] = {}
@@ -99,8 +100,10 @@ def _load(isa: str | None) -> ModuleType | None:
             _loaded[isa] = None
             return _fail(isa, f"build failed ({type(e).__name__}: {str(e).strip()[:200]})")
         _loaded[isa] = mod
-        log.info("CPU kernels: %s build %s", isa, "loaded from the cache" if cached
-                 else f"compiled in {time.perf_counter() - t0:.1f} s")
+        amx = mod.set_amx_tiles(amx_wanted())
+        log.info("CPU kernels: %s build %s%s", isa, "loaded from the cache" if cached
+                 else f"compiled in {time.perf_counter() - t0:.1f} s",
+                 "; 8-16 activation rows on AMX-INT8 tiles" if amx else "")
         return mod
 
 

@@ -8,7 +8,9 @@ Choices made here, written once:
   others a bf16 matmul runs several times slower than float32.
 
 `MIMO_CPU_ISA=avx2|avx512-vnni|none` forces a build (tests use it to run the AVX2 path on a
-machine that has AVX-512); forcing one the CPU lacks is refused.
+machine that has AVX-512); forcing one the CPU lacks is refused. `MIMO_CPU_AMX=off` keeps the
+avx512-vnni build's products of 8-16 activation rows off the AMX-INT8 tile unit (on by default
+where the CPU and the OS allow it; the build checks both).
 """
 from __future__ import annotations
 
@@ -71,6 +73,14 @@ def cpu_info() -> CPUInfo:
     except OSError:
         pass
     return CPUInfo(model, frozenset(flags))
+
+
+def amx_wanted() -> bool:
+    """`MIMO_CPU_AMX`: on (default) or off."""
+    v = os.environ.get("MIMO_CPU_AMX", "on").strip().lower()
+    if v not in ("on", "off"):
+        raise CPUFeatureError(f"MIMO_CPU_AMX must be on or off, not {v!r}")
+    return v == "on"
 
 
 def chosen_isa(info: CPUInfo | None = None) -> str | None:

@@ -72,12 +72,13 @@ def measure(lins: list[Linear], rows: int = CALIBRATION_ROWS) -> tuple[float, fl
 
 def auto_rule(rt: RuntimeConfig, kernels: str, cpu_flags: frozenset[str]) -> PrefillMatmul:
     """'auto' for a model with blocks: `kernels` the kernel build in use ('avx2',
-    'avx512-vnni' or 'torch'), `cpu_flags` the CPU's instruction sets (features.CPUInfo)."""
+    'avx512-vnni', 'avx512-vnni+amx' or 'torch'), `cpu_flags` the CPU's instruction sets
+    (features.CPUInfo)."""
     if rt.dtype != "bfloat16":
         return PrefillMatmul("dense", f"{rt.dtype}: the reference numerics")
     if rt.compile == "on":
         return PrefillMatmul("dense", "compiled layers trace the dense GEMM")
-    if kernels != "avx512-vnni":
+    if kernels.partition("+")[0] != "avx512-vnni":
         return PrefillMatmul("dense", f"no int8 GEMM in the {kernels} kernels")
     if "amx_bf16" in cpu_flags:
         return PrefillMatmul("dense", "AMX: oneDNN's bf16 tiles")

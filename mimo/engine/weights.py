@@ -39,7 +39,9 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         model.quantize_int8()
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
-    kernels = ext.isa() if ext is not None and report is not None else "torch"
+    kernels = "torch"
+    if ext is not None and report is not None:     # "+amx": 8-16 rows on the AMX-INT8 tiles
+        kernels = ext.isa() + ("+amx" if ext.amx_tiles() else "")
     if kernels == "avx2" and rt.repack == "auto":
         report = repack_blocks(model, ext)
     fused = 0

@@ -21,14 +21,19 @@ def _measure(env: dict[str, str]) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+AMX = cpu_info().best_isa == "avx512-vnni" and {"amx_tile", "amx_int8"} <= cpu_info().flags
+
+
 def test_names_the_kernels_in_use():
     res = _measure({})
-    assert res["kernel_isa"] == (cpu_info().best_isa or "none")
+    assert res["kernel_isa"] == (cpu_info().best_isa or "none") + ("+amx" if AMX else "")
     assert res["cpu_flags"] == sorted(cpu_info().flags)
     assert res["bandwidth_gbs"] > 0 and res["matmul_gflops"] > 0
 
 
 @pytest.mark.skipif(not cpu_info().supports("avx2"), reason="this CPU has no AVX2 path")
-def test_names_a_forced_avx2_run():
+def test_names_a_forced_avx2_run_and_the_amx_tiles_off():
     res = _measure({"MIMO_CPU_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2"})
     assert res["kernel_isa"] == "avx2" and res["torch_cpu_capability"] == "AVX2"
+    res = _measure({"MIMO_CPU_AMX": "off"})
+    assert res["kernel_isa"] == cpu_info().best_isa

@@ -9,21 +9,24 @@ import math
 import pytest
 import torch
 from helpers.attention_reference import softmax_attention
+from helpers.kernel_builds import kernel_build, kernel_builds
 
 from mimo.cpu import decode_ops
-from mimo.cpu.features import ISAS, cpu_info
 from mimo.gpu.attention import TorchAttention, build_attn_batch
 from mimo.models import fused_decode
 
-BUILDS = [i for i in ISAS if cpu_info().supports(i)]
+BUILDS = kernel_builds()
 
 
 @pytest.fixture(params=BUILDS)
 def ops(request):
-    mod = decode_ops.load(request.param)
-    assert mod is not None, f"the {request.param} build failed on a CPU that supports it"
-    assert request.param.replace("-", "_") in mod.__name__
-    return mod
+    """The decode ops of each build (the AMX tiles as one: the fused layers' products)."""
+    isa = request.param.partition("+")[0]
+    with kernel_build(request.param):
+        mod = decode_ops.load(isa)
+        assert mod is not None, f"the {isa} build failed on a CPU that supports it"
+        assert isa.replace("-", "_") in mod.__name__
+        yield mod
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:

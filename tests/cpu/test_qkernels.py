@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.kernel_builds import kernel_build, kernel_builds
 from helpers.qblocks import (
     FP16_FIELDS,
     assert_matches_quantized_product,
@@ -21,31 +22,30 @@ from helpers.qblocks import (
 )
 
 from mimo.cpu import extension
-from mimo.cpu.features import ISAS, cpu_info
 from mimo.cpu.qmatrix import BLOCKS, NAMES, QuantMatrix, QuantPart
 
-BUILDS = [i for i in ISAS if cpu_info().supports(i)] + ["torch"]
+BUILDS = kernel_builds() + ["torch"]
 
 
 @pytest.fixture(params=BUILDS)
 def build(request, monkeypatch):
-    """Each kernel build this CPU runs, and the fallback (the extension reported missing)."""
-    isa = request.param
-    if isa == "torch":
+    """Each kernel build this CPU runs (the AMX tiles as one), and the fallback (the
+    extension reported missing)."""
+    if request.param == "torch":
         monkeypatch.setattr(extension, "load", lambda isa=None: None)
-    else:
-        mod = extension.load(isa)
-        assert mod is not None, f"the {isa} build failed on a CPU that supports it"
-        assert mod.isa() == isa
+        yield request.param
+        return
+    with kernel_build(request.param) as mod:
         monkeypatch.setattr(extension, "load", lambda isa=None, m=mod: m)
-    return isa
+        yield request.param
 
 
 # Weight rows that fill no tile (16 rows on AVX-512, 8 on AVX2), and activation row counts
-# that take each loop of the tiles (1, 2, 16: their own; 3, 5: the one bounded at run time;
-# 17: 16 + 1, or 8 + 8 + 1); a single row takes the 256-bit path in the AVX2 build.
+# that take each loop of the tiles (1, 2, 16: their own; 11, 5: the one bounded at run time;
+# 17: 16 + 1, or 8 + 8 + 1; on the AMX tiles 11, 16 and 17's 16); a single row takes the
+# 256-bit path in the AVX2 build.
 CASES = [(qt, rows, cols, m) for qt in BLOCKS
-         for rows, m, cols in zip((37, 5, 19, 33, 64, 21), (1, 2, 3, 5, 16, 17),
+         for rows, m, cols in zip((37, 5, 19, 33, 64, 21), (1, 2, 11, 5, 16, 17),
                                   ((512, 768, 256) if BLOCKS[qt][0] == 256 else (96, 160, 640)) * 2)]
 
 
