@@ -89,7 +89,7 @@ def run(args) -> int:
         for name, part in todo:
             qm = QuantMatrix([part])
             for m, amx in [(m, a) for m in rows for a in modes
-                           if not a or m >= ext.amx_min_rows()]:
+                           if not a or m >= ext.amx_rows()]:
                 ext.set_amx_tiles(amx)
                 x = torch.randn(m, part.cols)
                 t = best_time(ext.qlinear, args.reps, x, [part.data], [part.qtype])

@@ -82,7 +82,7 @@ def read_bandwidth(nbytes: int, reps: int) -> dict[str, float]:
 
 
 def _kernel_label(isa: str | None) -> str:
-    """The build, "+amx" where its 8-16-row products run on the AMX-INT8 tiles."""
+    """The build, "+amx" where its 16-row products run on the AMX-INT8 tiles."""
     if isa is None:
         return "none"
     from mimo.cpu import extension

@@ -103,7 +103,7 @@ def _load(isa: str | None) -> ModuleType | None:
         amx = mod.set_amx_tiles(amx_wanted())
         log.info("CPU kernels: %s build %s%s", isa, "loaded from the cache" if cached
                  else f"compiled in {time.perf_counter() - t0:.1f} s",
-                 "; 8-16 activation rows on AMX-INT8 tiles" if amx else "")
+                 "; 16-row batches on AMX-INT8 tiles" if amx else "")
         return mod
 
 

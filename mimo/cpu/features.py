@@ -9,7 +9,7 @@ Choices made here, written once:
 
 `MIMO_CPU_ISA=avx2|avx512-vnni|none` forces a build (tests use it to run the AVX2 path on a
 machine that has AVX-512); forcing one the CPU lacks is refused. `MIMO_CPU_AMX=off` keeps the
-avx512-vnni build's products of 8-16 activation rows off the AMX-INT8 tile unit (on by default
+avx512-vnni build's products of 16 activation rows off the AMX-INT8 tile unit (on by default
 where the CPU and the OS allow it; the build checks both).
 """
 from __future__ import annotations

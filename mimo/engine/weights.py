@@ -40,7 +40,7 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
     kernels = "torch"
-    if ext is not None and report is not None:     # "+amx": 8-16 rows on the AMX-INT8 tiles
+    if ext is not None and report is not None:     # "+amx": 16-row batches on AMX-INT8 tiles
         kernels = ext.isa() + ("+amx" if ext.amx_tiles() else "")
     if kernels == "avx2" and rt.repack == "auto":
         report = repack_blocks(model, ext)

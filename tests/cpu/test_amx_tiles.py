@@ -1,7 +1,8 @@
-"""The avx512-vnni build's AMX-INT8 tiles (mimo/cpu/csrc/qtile512.cpp, amx_tiles.h): for 8
-to 16 activation rows each sub-block's integer dots run on the tile unit, and must equal the
-VNNI tiles' vpdpbusd sums, so every product equals the VNNI tiles' bit for bit (those are
-held to float64 in test_qkernels.py, where the AMX tiles also run as a build of their own).
+"""The avx512-vnni build's AMX-INT8 tiles (mimo/cpu/csrc/qtile512.cpp, amx_tiles.h): for each
+chunk of 16 activation rows each sub-block's integer dots run on the tile unit, and must
+equal the VNNI tiles' vpdpbusd sums, so every product equals the VNNI tiles' bit for bit
+(those are held to float64 in test_qkernels.py, where the AMX tiles also run as a build of
+their own).
 Runs where the CPU has AMX-INT8; the switch and its environment variable everywhere."""
 from __future__ import annotations
 
@@ -22,12 +23,11 @@ from mimo.cpu.qmatrix import BLOCKS, NAMES
 HAS_AMX = AMX in kernel_builds()
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX-INT8")
 
-# (weight rows, activation rows): rows that fill no tile; activation rows on the tile unit
-# (8 and 16: loops of their own; 9-15: the one bounded at run time), 17 = 16 + 1 and 23 =
-# 16 + 7 (the rest on the vector dots), 24 = 16 + 8 and 33 = 16 + 16 + 1; below 8 (2, 7)
-# both switches run the vector dots.
-SHAPES = [(37, 2), (16, 7), (5, 8), (21, 9), (50, 11), (33, 13), (19, 15), (64, 16), (23, 17),
-          (40, 23), (17, 24), (40, 33)]
+# (weight rows, activation rows): rows that fill no tile; chunks of 16 activation rows on the
+# tile unit (16; 17 = 16 + 1, 24 = 16 + 8 and 31 = 16 + 15 with the rest on the vector dots;
+# 32 and 33 = 16 + 16 + 1); below 16 (2, 8, 15) both switches run the vector dots.
+SHAPES = [(37, 2), (16, 8), (5, 15), (64, 16), (21, 16), (3, 16), (23, 17), (19, 24),
+          (50, 31), (17, 32), (40, 33)]
 
 
 def _products(mod, amx: bool, x: torch.Tensor, parts, topk: int = 0):
@@ -56,11 +56,11 @@ def test_amx_tiles_equal_the_vnni_tiles_bit_for_bit(qtype):
 def test_amx_topk_and_mixed_parts_equal_the_vnni_tiles():
     rng = np.random.default_rng(7)
     parts = [random_blocks(q, 24, 256, rng) for q in (8, 12, 14, 6)]   # one fused projection
-    x = torch.from_numpy(rng.standard_normal((16, 256)).astype(np.float32))
+    x = torch.from_numpy(rng.standard_normal((32, 256)).astype(np.float32))
     with kernel_build(AMX) as mod:
         assert torch.equal(_products(mod, True, x, parts), _products(mod, False, x, parts))
         head = random_blocks(8, 3000, 256, rng)
-        for m in (8, 9, 16):
+        for m in (16, 17, 32):
             on = _products(mod, True, x[:m].contiguous(), [head], topk=5)
             off = _products(mod, False, x[:m].contiguous(), [head], topk=5)
             assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])

@@ -42,7 +42,7 @@ def build(request, monkeypatch):
 
 # Weight rows that fill no tile (16 rows on AVX-512, 8 on AVX2), and activation row counts
 # that take each loop of the tiles (1, 2, 16: their own; 11, 5: the one bounded at run time;
-# 17: 16 + 1, or 8 + 8 + 1; on the AMX tiles 11, 16 and 17's 16); a single row takes the
+# 17: 16 + 1, or 8 + 8 + 1; on the AMX tiles 16 and 17's 16); a single row takes the
 # 256-bit path in the AVX2 build.
 CASES = [(qt, rows, cols, m) for qt in BLOCKS
          for rows, m, cols in zip((37, 5, 19, 33, 64, 21), (1, 2, 11, 5, 16, 17),

@@ -11,10 +11,10 @@
 namespace mimo_q {
 namespace amx {
 
-// Activation rows from which a call takes the tile unit: below 8 the vector dots are as fast
-// or faster (each sub-block's tile round trip costs the same for 2 rows as for 16; measured
-// in docs/cpu_kernels.md).
-constexpr int MIN_ROWS = 8;
+// Activation rows a call takes to the tile unit: chunks of 16 only. Each sub-block's tile
+// round trip costs the same for 2 rows as for 16, and below 16 the vector dots were as fast
+// or faster (measured in docs/cpu_kernels.md).
+constexpr int ROWS = 16;
 
 struct Scratch {              // one sub-block's transposed weights and the products' integers
     alignas(64) int8_t b[8 * 64];

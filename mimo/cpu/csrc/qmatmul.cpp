@@ -328,8 +328,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("write_rows", &write_rows, "cache[slots[i]] = src[i], one thread",
           py::call_guard<py::gil_scoped_release>());
     m.def("isa", &isa, "the instruction set this build was compiled for");
-    m.def("amx_tiles", &amx::on, "whether 8-16 activation rows take the AMX-INT8 tile unit");
-    m.def("amx_min_rows", [] { return amx::MIN_ROWS; }, "the fewest rows that take the tile unit");
+    m.def("amx_tiles", &amx::on, "whether chunks of 16 activation rows take the AMX-INT8 tile unit");
+    m.def("amx_rows", [] { return amx::ROWS; }, "the activation rows (a chunk) that take the tile unit");
     m.def("set_amx_tiles", &amx::set_enabled,
           "switch the AMX-INT8 tiles on or off (on only where usable); returns amx_tiles()");
 }

@@ -12,7 +12,7 @@
 // starts at -OFF sum(x), which the activations carry per half-block (isum16). Types with a
 // min (value = scale q - min) subtract min * d_x sum(x) in float, as the 256-bit path does.
 //
-// On a CPU with AMX-INT8 (amx_tiles.h), 8 to 16 activation rows take each sub-block's
+// On a CPU with AMX-INT8 (amx_tiles.h), chunks of 16 activation rows take each sub-block's
 // dots on the tile unit instead: one tile product of the activations (signed) with the
 // transposed weights (made signed: q + OFF - OFF), whose integers equal the vpdpbusd sums
 // with their starting values, then the same `finish`, so the results are bit for bit the
@@ -147,13 +147,11 @@ using TileFn = void (*)(const uint8_t*, int64_t, int64_t, int64_t, const Pack&, 
 // the loop bounded at run time.
 template <int T, bool AMX>
 TileFn pick(int M) {
+    static_assert(amx::ROWS == 16, "the tile unit takes chunks of 16 rows only");
+    if constexpr (AMX) return M == 16 ? tiles<T, 16, true> : nullptr;
     switch (M) {
+        case 1: return tiles<T, 1, AMX>; case 2: return tiles<T, 2, AMX>; case 4: return tiles<T, 4, AMX>;
         case 8: return tiles<T, 8, AMX>; case 16: return tiles<T, 16, AMX>;
-    }
-    if constexpr (!AMX) {       // the tile unit takes amx::MIN_ROWS rows or more
-        switch (M) {
-            case 1: return tiles<T, 1, AMX>; case 2: return tiles<T, 2, AMX>; case 4: return tiles<T, 4, AMX>;
-        }
     }
     return tiles<T, 0, AMX>;
 }
@@ -180,7 +178,7 @@ bool tiles512(int qtype, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, c
     spare.resize(16 * rb);
     for (int64_t m0 = 0; m0 < M; m0 += 16) {         // activation rows 16 at a time
         const int mt = static_cast<int>(std::min<int64_t>(16, M - m0));
-        const bool on_amx = mt >= amx::MIN_ROWS && amx::on();
+        const bool on_amx = mt == amx::ROWS && amx::on();
         const TileFn f = on_amx ? tile_fn<true>(qtype, mt) : tile_fn<false>(qtype, mt);
         if (!f) return false;
         pack(a + m0, mt, offset(qtype), qtype == Q6_K, packed);
