@@ -77,6 +77,7 @@ def _load(isa: str | None) -> ModuleType | None:
     if isa is None:
         return _fail("none", "no supported instruction set (AVX2+FMA+F16C at least), or "
                              "MIMO_CPU_ISA=none")
+    want_amx = amx_wanted()        # an invalid MIMO_CPU_AMX raises at every load, as ISA's does
     with _lock:
         if isa in _loaded:
             return _loaded[isa]
@@ -100,7 +101,7 @@ def _load(isa: str | None) -> ModuleType | None:
             _loaded[isa] = None
             return _fail(isa, f"build failed ({type(e).__name__}: {str(e).strip()[:200]})")
         _loaded[isa] = mod
-        amx = mod.set_amx_tiles(amx_wanted())
+        amx = mod.set_amx_tiles(want_amx)
         log.info("CPU kernels: %s build %s%s", isa, "loaded from the cache" if cached
                  else f"compiled in {time.perf_counter() - t0:.1f} s",
                  "; 16-row batches on AMX-INT8 tiles" if amx else "")

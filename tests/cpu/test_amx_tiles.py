@@ -102,6 +102,9 @@ def test_the_switch_and_its_environment_variable(monkeypatch):
     monkeypatch.setenv("MIMO_CPU_AMX", "maybe")
     with pytest.raises(CPUFeatureError, match="MIMO_CPU_AMX must be on or off"):
         amx_wanted()
+    for isa in [b for b in kernel_builds() if "+" not in b]:
+        with pytest.raises(CPUFeatureError, match="MIMO_CPU_AMX"):
+            extension.load(isa)             # refused at every load, not only the first
     monkeypatch.setenv("MIMO_CPU_AMX", "OFF")
     assert amx_wanted() is False
     monkeypatch.delenv("MIMO_CPU_AMX")
