@@ -93,7 +93,7 @@ def run(args) -> int:
                 ext.set_amx_tiles(amx)
                 x = torch.randn(m, part.cols)
                 t = best_time(ext.qlinear, args.reps, x, [part.data], [part.qtype])
-                row = {"isa": isa + ("+amx" if amx else ""), "weight": name, "rows": m,
+                row = {"isa": extension.label(ext), "weight": name, "rows": m,
                        "ms": round(t * 1e3, 3), "gbs": round(qm.nbytes / t / 1e9, 2),
                        "bandwidth_fraction": round(qm.nbytes / t / bw, 3)}
                 if name.startswith("head"):

@@ -87,7 +87,7 @@ def _kernel_label(isa: str | None) -> str:
         return "none"
     from mimo.cpu import extension
     ext = extension.load(isa)
-    return isa + ("+amx" if ext is not None and ext.amx_tiles() else "")
+    return isa if ext is None else extension.label(ext)
 
 
 def measure(threads: int, quick: bool = False, reps: int = 5,

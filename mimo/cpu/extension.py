@@ -51,6 +51,12 @@ def _import(name: str, so: Path) -> ModuleType:
     return mod
 
 
+def label(mod: ModuleType) -> str:
+    """A loaded build's name as reports give it: its instruction set, "+amx" while its
+    16-row products run on the AMX-INT8 tiles."""
+    return mod.isa() + ("+amx" if mod.amx_tiles() else "")
+
+
 def cache_dir(isa: str) -> Path:
     root = Path(os.environ.get("MIMO_KERNEL_CACHE", Path.home() / ".cache" / "mimo" / "kernels"))
     h = hashlib.sha256(" ".join(_FLAGS[isa]).encode())

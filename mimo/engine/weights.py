@@ -39,9 +39,7 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         model.quantize_int8()
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
-    kernels = "torch"
-    if ext is not None and report is not None:     # "+amx": 16-row batches on AMX-INT8 tiles
-        kernels = ext.isa() + ("+amx" if ext.amx_tiles() else "")
+    kernels = extension.label(ext) if ext is not None and report is not None else "torch"
     if kernels == "avx2" and rt.repack == "auto":
         report = repack_blocks(model, ext)
     fused = 0

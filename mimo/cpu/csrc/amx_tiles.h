@@ -1,9 +1,10 @@
 // AMX-INT8 for the 512-bit tiles (qtile512.cpp): whether this process uses the tile unit, the
 // tiles' configuration for one call, and the hand-back afterwards. VNNI build only.
 //
-// The tile configuration is per thread and shared with oneDNN: torch's brgemm (the prefill
-// attention's, the CPU flash kernel's) remembers which configuration it last loaded on a
-// thread, so every call here loads its own and, when done, tells torch to load its again.
+// The tile configuration is per thread and shared with oneDNN, whose primitives load their
+// own and whose brgemm (torch's `cpublas::brgemm`: the prefill attention's, the CPU flash
+// kernel's) may keep one loaded until its caller calls `brgemm_release`. So every call here
+// loads its own, and when done releases the tiles and resets torch's brgemm too.
 #pragma once
 #include <immintrin.h>
 #include <cstdint>
