@@ -14,7 +14,7 @@ def _cpu_line() -> str:
     info = cpu_info()
     try:
         isa = chosen_isa(info) or "none (plain PyTorch)"
-        if isa == "avx512-vnni" and {"amx_tile", "amx_int8"} <= info.flags:
+        if isa == "avx512-vnni" and info.amx_int8:
             isa += (", 16-row batches on AMX-INT8 tiles" if amx_wanted()
                     else ", AMX-INT8 tiles off (MIMO_CPU_AMX)")
     except CPUFeatureError as e:

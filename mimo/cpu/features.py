@@ -50,6 +50,12 @@ class CPUInfo:
         return bool({"avx512_bf16", "amx_bf16"} & self.flags)
 
     @property
+    def amx_int8(self) -> bool:
+        """AMX-TILE and AMX-INT8 listed (whether the OS lets a process use them, the
+        kernel build checks when it loads)."""
+        return {"amx_tile", "amx_int8"} <= self.flags
+
+    @property
     def best_isa(self) -> str | None:
         return next((i for i in ISAS if self.supports(i)), None)
 

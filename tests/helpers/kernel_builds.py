@@ -15,7 +15,7 @@ AMX = "avx512-vnni+amx"
 
 def kernel_builds() -> list[str]:
     builds = [i for i in ISAS if cpu_info().supports(i)]
-    if "avx512-vnni" in builds and {"amx_tile", "amx_int8"} <= cpu_info().flags:
+    if "avx512-vnni" in builds and cpu_info().amx_int8:
         builds.insert(builds.index("avx512-vnni") + 1, AMX)
     return builds
 
