@@ -87,20 +87,33 @@ def fractions(value: float | None, bound: dict, higher: bool) -> dict | None:
             "roofline": f(bound["bound_s"])}
 
 
-def table(loads: dict[str, dict], w: Workload, cost: ModelCost, lim: Limits) -> dict:
-    """Every row: each server's value, cached tokens, fractions of the limits, and mimo
-    against the best peer (the servers other than 'mimo' with a value)."""
-    figs = {s: figures(ld) for s, ld in loads.items()}
-    bnds = {s: bounds(ld, w, cost, lim) for s, ld in loads.items()}
+def median_of_rounds(values: list[float | None]) -> float | None:
+    """A row's value over a server's rounds: their median; None if a round has none."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.median(v for v in values if v is not None)
+
+
+def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limits) -> dict:
+    """Every row: each server's value (the median of its rounds' workload results, each
+    round's kept under values_by_round when there are several), cached tokens, fractions of
+    the limits, and mimo against the best peer (the servers other than 'mimo' with a value).
+    Bounds and cached tokens come from the last round (each round sends the same sizes)."""
+    figs = {s: [figures(ld) for ld in lds] for s, lds in loads.items()}
+    last = {s: lds[-1] for s, lds in loads.items()}
+    bnds = {s: bounds(ld, w, cost, lim) for s, ld in last.items()}
+    several = any(len(lds) > 1 for lds in loads.values())
     rows = {}
     for r in ROWS:
-        vals = {s: f[r.key] for s, f in figs.items()}
+        vals = {s: median_of_rounds([f[r.key] for f in fs]) for s, fs in figs.items()}
         row = {"label": r.label, "better": "higher" if r.higher_is_better else "lower",
                "values": vals,
                "fraction_of_limit": {s: fractions(v, bnds[s][r.key], r.higher_is_better)
                                      for s, v in vals.items()}}
+        if several:
+            row["values_by_round"] = {s: [f[r.key] for f in fs] for s, fs in figs.items()}
         if r.key in ("repeat_ttft_s", "shared_prefix_ttft_s"):
-            row["cached_tokens"] = {s: cached_tokens(ld)[r.key] for s, ld in loads.items()}
+            row["cached_tokens"] = {s: cached_tokens(ld)[r.key] for s, ld in last.items()}
         row |= compare(vals, r.higher_is_better)
         rows[r.key] = row
     return rows

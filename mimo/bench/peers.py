@@ -8,12 +8,15 @@ loopback-only network namespace --netns (the bench re-executes itself there, so 
 shares that loopback), timed to its first answered request, sent the workload of peer_load
 (a: 1 stream, b: concurrent streams, c: a long prompt twice, d: a long prompt sharing a
 prefix with an earlier one), and stopped, its process group killed and checked for leaks,
-before the next starts. Before the first server starts and after the last one stops, the
-machine's matmul rate and memory bandwidth are measured (machine_limits; the higher of
-each counts), and every figure is reported as a fraction of the roofline they imply for
-this model (model_cost). Progress on stderr; one JSON line last on
-stdout: every figure, every fraction, mimo / best peer per row, and whether mimo matches or
-beats the best peer on each.
+before the next starts. With --rounds N the servers take turns N times, in reverse order
+every other round (A B C, C B A, A B C: a slow spell of a shared machine, minutes long,
+falls on different servers' turns), each started afresh; each row's value is then the
+median of its rounds (every round's kept beside it), as is the start-up. Before the first
+server starts and after the last one stops, the machine's matmul rate and memory bandwidth
+are measured (machine_limits; the higher of each counts), and every figure is reported as a
+fraction of the roofline they imply for this model (model_cost). Progress on stderr; one
+JSON line last on stdout: every figure, every fraction, mimo / best peer per row, and
+whether mimo matches or beats the best peer on each.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import json
 import os
 import shlex
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -74,6 +78,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, default=900.0,
                    help="seconds a server has to answer its first request")
     p.add_argument("--seed", type=int, default=None, help="prompt words (default: new each run)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="times the servers take turns (reversed every other round); each row "
+                        "reports the median of the rounds (default 1)")
     p.add_argument("--plot", default=None, metavar="PATH", help="draw the table (matplotlib)")
     p.add_argument("--log-dir", default=None, help="keep each server's log here")
     for k in SIZES:
@@ -170,7 +177,7 @@ async def _drive(srv: RunningServer, port: int, w: Workload, seed: int, timeout:
         await client.aclose()
 
 
-def _one(spec, args, w: Workload, seed: int, log_dir: Path) -> dict:
+def _one(spec, args, w: Workload, seed: int, log_path: Path) -> dict:
     missing = spec.missing()
     if missing:
         _log(f"{spec.name}: not installed (missing {', '.join(missing)})")
@@ -178,8 +185,9 @@ def _one(spec, args, w: Workload, seed: int, log_dir: Path) -> dict:
     if not _port_free(args.port):
         return {"status": "failed", "errors": [f"port {args.port} is in use before the start"]}
     _log(f"{spec.name}: starting ({' '.join(spec.argv)})")
-    srv = RunningServer(spec, log_dir / f"{spec.name}.log")
-    out: dict = {"status": "failed", "argv": list(spec.argv), "log": str(srv.log_path)}
+    srv = RunningServer(spec, log_path)
+    out: dict = {"status": "failed", "argv": list(spec.argv), "log": str(srv.log_path),
+                 "seed": seed}
     try:
         out |= asyncio.run(_drive(srv, args.port, w, seed, args.start_timeout))
         out["status"] = "ok"
@@ -196,6 +204,29 @@ def _one(spec, args, w: Workload, seed: int, log_dir: Path) -> dict:
     return out
 
 
+def combine_rounds(turns: list[dict]) -> dict:
+    """One server's record over its turns: the last turn's, every turn's under "rounds"
+    (more than one), "ok" only where every turn was, the errors and leaked pids of all of
+    them, the start-up the turns' median. Round r's prompts come from seed + r."""
+    if len(turns) == 1:
+        return turns[0]
+    last = turns[-1]
+    out = dict(last, rounds=turns)
+    statuses = [t["status"] for t in turns]
+    out["status"] = "ok" if all(x == "ok" for x in statuses) else \
+        ("failed" if "failed" in statuses else last["status"])
+    if any("errors" in t for t in turns):
+        out["errors"] = [e for t in turns for e in t.get("errors", [])]
+    if all(t.get("startup_s") is not None for t in turns):
+        out["startup_s"] = statistics.median(t["startup_s"] for t in turns)
+    if all("stop" in t for t in turns):
+        out["stop"] = dict(last["stop"], leaked_pids=sorted(
+            {p for t in turns for p in t["stop"]["leaked_pids"]}))
+    if any("port_free_after_stop" in t for t in turns):
+        out["port_free_after_stop"] = all(t.get("port_free_after_stop", True) for t in turns)
+    return out
+
+
 def measure(args) -> dict:
     from .model_cost import Limits, ModelCost
     from .peer_report import compare, summary, table
@@ -203,6 +234,8 @@ def measure(args) -> dict:
     unknown = set(peers) - set(PEERS)
     if unknown:
         raise SystemExit(f"{NAME}: unknown peer(s) {sorted(unknown)} (known: {', '.join(PEERS)})")
+    if args.rounds < 1:
+        raise SystemExit(f"{NAME}: --rounds must be >= 1")
     if args.port == 0:
         args.port = free_port()
     w = _workload(args)
@@ -220,10 +253,18 @@ def measure(args) -> dict:
     log_dir.mkdir(parents=True, exist_ok=True)
     specs.append(mimo_spec(args.port, mimo_args, Path(args.mimo_dir).resolve()))
     before = _limits(args, "before the servers")
-    servers = {s.name: _one(s, args, w, seed, log_dir) for s in specs}
+    turns: dict[str, list[dict]] = {s.name: [] for s in specs}
+    for r in range(args.rounds):
+        order = specs if r % 2 == 0 else specs[::-1]
+        if args.rounds > 1:
+            _log(f"round {r + 1} of {args.rounds}: {', '.join(s.name for s in order)}")
+        for s in order:
+            log = log_dir / (f"{s.name}.log" if args.rounds == 1 else f"{s.name}.{r + 1}.log")
+            turns[s.name].append(_one(s, args, w, seed + r, log))
+    servers = {n: combine_rounds(t) for n, t in turns.items()}
     machine = best_of(before, _limits(args, "after the servers"))
     lim = Limits(machine["bandwidth_gbs"] * 1e9, machine["matmul_gflops"] * 1e9)
-    loads = {n: s["load"] for n, s in servers.items() if s["status"] == "ok"}
+    loads = {n: [t["load"] for t in turns[n]] for n, s in servers.items() if s["status"] == "ok"}
     rows = table(loads, w, cost, lim)
     startup = {n: s.get("startup_s") for n, s in servers.items() if s["status"] == "ok"}
     leaks = {n: s["stop"]["leaked_pids"] for n, s in servers.items() if "stop" in s}
@@ -231,6 +272,7 @@ def measure(args) -> dict:
           and not any(leaks.values())
           and all(s.get("port_free_after_stop", True) for s in servers.values()))
     return {"bench": NAME, "model": args.model, "quick": args.quick, "seed": seed,
+            "rounds": args.rounds,
             "workload": asdict(w), "netns": args.netns, "port": args.port,
             "peers_dir": str(peers_dir), "mimo_dir": str(Path(args.mimo_dir).resolve()),
             "mimo_args": mimo_args, "machine": machine,

@@ -20,8 +20,9 @@ from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf, tiny_mimo_v2_fla
 
 from mimo.bench.model_cost import Limits, ModelCost
 from mimo.bench.peer_load import QUICK, Workload, check_loopback, prompt_of, shared_pair
-from mimo.bench.peer_report import ROWS, compare, summary
+from mimo.bench.peer_report import ROWS, compare, median_of_rounds, summary, table
 from mimo.bench.peer_servers import RunningServer, ServerSpec, peer_spec
+from mimo.bench.peers import combine_rounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -133,6 +134,50 @@ def test_compare_rates_and_times():
     assert s["rows_mimo_ahead"] == 0
 
 
+def _load(decode, ttft, cold):
+    """A workload result with the figures the rows read (the rest absent)."""
+    return {"a_single": {"decode_tok_s": decode, "ttft_s": ttft, "prompt_tokens": 256},
+            "b_concurrent": {"aggregate_tok_s": 100.0, "ttft_s_median": 1.0},
+            "c_repeat": {"ttft_first_s": cold, "ttft_second_s": 0.05, "prompt_tokens": [3000, 3000],
+                         "cached_tokens_second": 2990},
+            "d_shared_prefix": {"ttft_second_s": 0.5, "prompt_tokens": [3000, 3000],
+                                "cached_tokens_second": 2000}}
+
+
+def test_rounds_report_each_rows_median_and_keep_every_round():
+    cost = ModelCost(loaded_from_hf(tiny_gemma3_hf()).config)
+    lim = Limits(1e10, 1e11)
+    # mimo's second round fell in a slow spell, the peer's first: the medians compare.
+    loads = {"mimo": [_load(60.0, 0.10, 1.0), _load(30.0, 0.30, 2.0), _load(62.0, 0.11, 1.1)],
+             "llama-server": [_load(20.0, 0.40, 9.0), _load(45.0, 0.12, 6.0), _load(44.0, 0.13, 6.1)]}
+    rows = table(loads, Workload(), cost, lim)
+    single, ttft, cold = rows["single_decode_tok_s"], rows["single_ttft_s"], rows["cold_ttft_s"]
+    assert single["values"] == {"mimo": 60.0, "llama-server": 44.0}
+    assert ttft["values"] == {"mimo": 0.11, "llama-server": 0.13}
+    assert cold["values"] == {"mimo": 1.1, "llama-server": 6.1}
+    assert single["values_by_round"]["mimo"] == [60.0, 30.0, 62.0]
+    assert ttft["mimo_matches_or_beats"] is True and single["mimo_over_best"] == round(60 / 44, 4)
+    assert rows["repeat_ttft_s"]["cached_tokens"] == {"mimo": 2990, "llama-server": 2990}
+    # an even count: the mean of the middle two; a round without the figure: none
+    assert median_of_rounds([1.0, 3.0]) == 2.0 and median_of_rounds([1.0, None]) is None
+    one = table({"mimo": [_load(60.0, 0.10, 1.0)]}, Workload(), cost, lim)
+    assert "values_by_round" not in one["single_ttft_s"]
+    assert one["single_ttft_s"]["values"] == {"mimo": 0.10}
+
+
+def test_a_servers_rounds_combine_into_one_record():
+    def turn(status, startup, leaked, errors=()):
+        return {"status": status, "startup_s": startup, "errors": list(errors),
+                "stop": {"stop_s": 0.1, "leaked_pids": leaked}, "port_free_after_stop": True}
+    ok = combine_rounds([turn("ok", 4.0, []), turn("ok", 5.0, []), turn("ok", 9.0, [])])
+    assert ok["status"] == "ok" and ok["startup_s"] == 5.0 and len(ok["rounds"]) == 3
+    bad = combine_rounds([turn("ok", 4.0, [7]), turn("failed", None, [3], ["HTTP 500"])])
+    assert bad["status"] == "failed" and bad["errors"] == ["HTTP 500"]
+    assert bad["stop"]["leaked_pids"] == [3, 7] and bad["startup_s"] is None
+    single = turn("ok", 4.0, [])
+    assert combine_rounds([single]) is single
+
+
 def test_missing_peer_names_the_paths(tmp_path):
     spec = peer_spec("llama-server", tmp_path, 8090)
     assert str(tmp_path / "llama.cpp-build" / "bin" / "llama-server") in spec.missing()
@@ -182,8 +227,8 @@ def test_stop_kills_the_group_and_finds_an_escaped_process(tmp_path):
 
 
 def test_mimo_alone_quick_run(tmp_path):
-    """The whole bench with a tiny Gemma 3 on mimo alone, peers looked for where there are
-    none: the JSON line's shape, and nothing left running."""
+    """The whole bench with a tiny Gemma 3 on mimo alone, two rounds, peers looked for where
+    there are none: the JSON line's shape, and nothing left running."""
     from mimo.models import make_tiny
     model = make_tiny.write("gemma3", tmp_path / "tiny", seed=0)
     netns = "peers" if os.path.exists("/run/netns/peers") and os.geteuid() == 0 else "none"
@@ -192,7 +237,7 @@ def test_mimo_alone_quick_run(tmp_path):
            "--model", str(model), "--port", "0", "--prompt-tokens", "24", "--max-tokens", "6",
            "--concurrency", "3", "--long-tokens", "100", "--shared-prefix", "60",
            "--single-runs", "3", "--long-runs", "3", "--mimo-args", "--threads 1", "--mimo-dir", str(ROOT),
-           "--seed", "3"]
+           "--seed", "3", "--rounds", "2", "--log-dir", str(tmp_path / "logs")]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -204,6 +249,16 @@ def test_mimo_alone_quick_run(tmp_path):
         assert all(x.startswith(str(tmp_path / "no")) for x in s["looked_for"])
     m = res["servers"]["mimo"]
     assert m["status"] == "ok" and m["errors"] == [] and m["startup_s"] > 0
+    # Each round a fresh server on its own prompts (seed + round), its log kept apart; the
+    # record is the last round's, the rows the rounds' medians (of two: their mean).
+    assert res["rounds"] == 2 and len(m["rounds"]) == 2
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["mimo.1.log", "mimo.2.log"]
+    r1, r2 = (t["load"] for t in m["rounds"])
+    assert m["load"] == r2 and [t["seed"] for t in m["rounds"]] == [3, 4]
+    assert m["startup_s"] == pytest.approx((m["rounds"][0]["startup_s"] + m["rounds"][1]["startup_s"]) / 2)
+    cold = res["rows"]["cold_ttft_s"]
+    assert cold["values_by_round"]["mimo"] == [r1["c_repeat"]["ttft_first_s"], r2["c_repeat"]["ttft_first_s"]]
+    assert cold["values"]["mimo"] == pytest.approx(sum(cold["values_by_round"]["mimo"]) / 2)
     assert m["stop"]["leaked_pids"] == [] and m["port_free_after_stop"] is True
     assert res["mimo_args"] == ["--model", str(model), "--threads", "1"]
     assert res["mimo_dir"] == str(ROOT) and m["argv"][1] == str(ROOT / "server.py")
@@ -223,7 +278,7 @@ def test_mimo_alone_quick_run(tmp_path):
         c = load[part]
         assert c["runs"] == 3 and c["ttft_first_s"] == sorted(c["ttft_first_s_all"])[1], part
         assert c["ttft_second_s"] == sorted(c["ttft_second_s_all"])[1], part
-    assert res["rows"]["repeat_ttft_s"]["values"]["mimo"] == load["c_repeat"]["ttft_second_s"]
+    assert res["rows"]["repeat_ttft_s"]["values_by_round"]["mimo"][-1] == load["c_repeat"]["ttft_second_s"]
     assert load["b_concurrent"]["streams"] == 3 and load["b_concurrent"]["min_output_tokens"] == 6
     assert res["summary"]["rows_compared"] == 0
     # Independently of the bench's own check: no process serves the tiny model any more.
