@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from typing import Any
 
 from .model_cost import Limits, ModelCost
 from .peer_load import Workload
@@ -106,7 +107,7 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
     rows = {}
     for r in ROWS:
         vals = {s: median_of_rounds([f[r.key] for f in fs]) for s, fs in figs.items()}
-        row = {"label": r.label, "better": "higher" if r.higher_is_better else "lower",
+        row: dict[str, Any] = {"label": r.label, "better": "higher" if r.higher_is_better else "lower",
                "values": vals,
                "fraction_of_limit": {s: fractions(v, bnds[s][r.key], r.higher_is_better)
                                      for s, v in vals.items()}}
@@ -122,12 +123,12 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
 def compare(vals: dict[str, float | None], higher: bool) -> dict:
     """mimo / best peer, which peer is best, and whether mimo matches or beats it (>= 1.0 in
     speed terms: a rate's ratio, a time's inverse ratio)."""
-    peers = {s: v for s, v in vals.items() if s != "mimo" and v}
+    peers: dict[str, float] = {s: v for s, v in vals.items() if s != "mimo" and v}
     mimo = vals.get("mimo")
     if not peers or not mimo:
         return {"best_peer": None, "best_peer_value": None, "mimo_over_best": None,
                 "mimo_speedup_vs_best": None, "mimo_matches_or_beats": None}
-    best = (max if higher else min)(peers, key=peers.get)
+    best = (max if higher else min)(peers, key=lambda s: peers[s])
     ratio = mimo / peers[best]
     speedup = ratio if higher else 1.0 / ratio
     return {"best_peer": best, "best_peer_value": peers[best], "mimo_over_best": round(ratio, 4),
