@@ -107,10 +107,11 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
     rows = {}
     for r in ROWS:
         vals = {s: median_of_rounds([f[r.key] for f in fs]) for s, fs in figs.items()}
-        row: dict[str, Any] = {"label": r.label, "better": "higher" if r.higher_is_better else "lower",
-               "values": vals,
-               "fraction_of_limit": {s: fractions(v, bnds[s][r.key], r.higher_is_better)
-                                     for s, v in vals.items()}}
+        row: dict[str, Any] = {
+            "label": r.label, "better": "higher" if r.higher_is_better else "lower",
+            "values": vals,
+            "fraction_of_limit": {s: fractions(v, bnds[s][r.key], r.higher_is_better)
+                                  for s, v in vals.items()}}
         if several:
             row["values_by_round"] = {s: [f[r.key] for f in fs] for s, fs in figs.items()}
         if r.key in ("repeat_ttft_s", "shared_prefix_ttft_s"):

@@ -207,7 +207,7 @@ def _one(spec, args, w: Workload, seed: int, log_path: Path) -> dict:
 def combine_rounds(turns: list[dict]) -> dict:
     """One server's record over its turns: the last turn's, every turn's under "rounds"
     (more than one), "ok" only where every turn was, the errors and leaked pids of all of
-    them, the start-up the turns' median. Round r's prompts come from seed + r."""
+    them, the start-up the turns' median."""
     if len(turns) == 1:
         return turns[0]
     last = turns[-1]
@@ -258,7 +258,7 @@ def measure(args) -> dict:
         order = specs if r % 2 == 0 else specs[::-1]
         if args.rounds > 1:
             _log(f"round {r + 1} of {args.rounds}: {', '.join(s.name for s in order)}")
-        for s in order:
+        for s in order:        # round r's prompts: seed + r, the same for every server
             log = log_dir / (f"{s.name}.log" if args.rounds == 1 else f"{s.name}.{r + 1}.log")
             turns[s.name].append(_one(s, args, w, seed + r, log))
     servers = {n: combine_rounds(t) for n, t in turns.items()}
