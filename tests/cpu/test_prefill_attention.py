@@ -51,7 +51,7 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
     g = torch.Generator().manual_seed(seed)
     Hq, Hkv, D, Dv = dims
     dtype = torch.bfloat16
-    N = 4000
+    N = max(4000, sum(start + n for n, start, _, _ in spans))
     kc = torch.randn(N, Hkv, D, generator=g).to(dtype)
     vc = torch.randn(N, Hkv, Dv, generator=g).to(dtype)
     perm = torch.randperm(N, generator=g)
@@ -106,10 +106,11 @@ def test_prefill_matches_brute_force(isa, prefill, sinks, window, dims):
     assert (counting.amx_calls > 0) == (runs and prefill == "amx")
 
 
-# Longer chunks than SPANS': the brgemm kernel's blocks (128 keys under a window, 256
-# without) and tiles (32 positions at 4 query heads per KV head) are crossed many times,
-# mid-sequence starts land off the block grid, and a chunk is longer than the window.
-LONG_SPANS = [(700, 0, 0, 0), (300, 1100, 0, 0), (257, 515, 0, 0), (1, 900, 0, 0)]
+# Longer chunks than SPANS': the brgemm kernel's tiles (32 positions at 4 query heads per KV
+# head) are crossed many times, mid-sequence starts land off its 32-key column grid, a chunk
+# is longer than the window, and without a window a tile's keys (up to 2,500) take three
+# products of at most 1,024 keys each, its softmax carried from one to the next.
+LONG_SPANS = [(700, 0, 0, 0), (300, 2200, 0, 0), (257, 515, 0, 0), (1, 900, 0, 0)]
 
 
 @pytest.mark.skipif(not AMX, reason="the brgemm kernel runs on AMX CPUs only (this has none)")

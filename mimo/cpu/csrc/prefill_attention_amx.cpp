@@ -7,9 +7,9 @@
 // that starts mid-sequence, computes every masked block, and handles one head per row
 // block. Here a tile's rows are all the heads sharing one KV head at TILE_ROWS / rep
 // positions (GQA: every row of the tile reads the same keys, so the tile is 4x taller at
-// Gemma 3's 4:1), a tile visits only the key blocks its rows see, and only blocks that some
-// row sees in part (the band's two edges) are masked. P is rounded to bf16 for P V, as both
-// other kernels round it.
+// Gemma 3's 4:1), a tile multiplies only the keys its rows see (to 32-key columns), and a
+// row's softmax exponentiates only its own keys. P is rounded to bf16 for P V, as both other
+// kernels round it.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
@@ -31,59 +31,111 @@ namespace {
 using namespace mimo_prefill;
 namespace cpublas = at::native::cpublas;
 
-// Keys per block (the N of S = Q K^T, the K of P V): 128 under a window (a tile's band
-// spans few blocks, and the edge blocks' masked part is waste), 256 without (longer
-// products, fewer rescales of O); measured in docs/cpu_kernels.md.
-constexpr int64_t KB_WINDOW = 128, KB_FULL = 256;
+// Keys are packed per span in one column layout (Kp [D/2][C] key pairs, Vp [C/2][Dv][2]),
+// C the span's visible keys rounded to COL, so a tile's products can take any run of
+// COL-aligned keys as one operand: one S = Q K^T and one P V per chunk of at most KMAX keys
+// (a window's whole band is one chunk) instead of two brgemm calls per 128-key block, O
+// written once per chunk rather than accumulated per block, and no rescale of O within a
+// chunk. KMAX bounds S and P of a 128-row tile (512 KB and 256 KB) to stay in L2 beside the
+// chunk's keys and values.
+constexpr int64_t COL = 32, KMAX = 1024;
+constexpr int64_t PACK_KEYS = 128;  // keys per packing task
 constexpr int64_t TILE_ROWS = 128;  // rows of a tile (positions x heads per KV head), at most
 
 struct Scratch {
-    std::vector<uint16_t> Q, P;   // [R, D] the tile's query rows; [R, KB] P in bf16
+    std::vector<uint16_t> Q, P;   // [R, D] the tile's query rows; [R, n] P in bf16
     std::vector<float> S, O, m, l;
     std::vector<int64_t> lo, hi;
 };
 
-// One tile: queries [i0, i1) of KV head g; the span's queries are rows row0 + i of q and out.
-template <int64_t KB>
-MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vpack,
-                    const float* sinks, const Shape& s, int64_t row0, int64_t g, int64_t i0,
-                    int64_t i1, float scale, void* out, bool bf16, Scratch& w) {
+// The weights of the 16 scores S[c ..] (those in k; the others 0): 2^(S vs - m), added to
+// sum and stored to P in bf16.
+MIMO_BF16 inline void weigh(const float* S, int64_t c, __mmask16 k, __m512 vs, __m512 vm,
+                            __m512& sum, uint16_t* P) {
+    const __m512 p = _mm512_maskz_mov_ps(k, exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(S + c), vs, vm)));
+    sum = _mm512_add_ps(sum, p);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + c), (__m256i)_mm512_cvtneps_pbh(p));
+}
+
+// One row's step of the online softmax over a chunk of n scores S (keys j0 .., n % 32 == 0):
+// only keys in [lo, hi) weigh (the 16-key vectors wholly outside are not exponentiated, just
+// zeroed in P); scores times `vs` (base 2). The row's running max m and sum l updated and,
+// when `rescale` (O holds earlier chunks' sums), its output row O [Dv] scaled where m grew.
+MIMO_BF16 inline void softmax_cols(const float* S, int64_t n, int64_t j0, int64_t lo,
+                                   int64_t hi, __m512 vs, float& m, float& l, bool rescale,
+                                   float* O, int64_t Dv, uint16_t* P) {
+    const int64_t a = std::clamp<int64_t>(lo - j0, 0, n), e = std::clamp<int64_t>(hi - j0, 0, n);
+    if (a >= e) {                        // nothing of this row in the chunk
+        std::memset(P, 0, n * sizeof(uint16_t));
+        return;
+    }
+    // vectors [c0, c1) hold the row's keys; only the first and last may hold others
+    const int64_t c0 = a / 16 * 16, c1 = (e + 15) / 16 * 16, cl = c1 - 16;
+    const auto mask = [&](int64_t c) {
+        const int64_t x = std::max<int64_t>(a - c, 0), y = std::min<int64_t>(e - c, 16);
+        return static_cast<__mmask16>(((1u << y) - 1u) & ~((1u << x) - 1u));
+    };
+    const __mmask16 kf = mask(c0), kl = mask(cl);
+    const __m512 ninf = _mm512_set1_ps(NEG_INF);
+    __m512 mx = _mm512_mask_mul_ps(ninf, kf, _mm512_loadu_ps(S + c0), vs);
+    for (int64_t c = c0 + 16; c < cl; c += 16)
+        mx = _mm512_max_ps(mx, _mm512_mul_ps(_mm512_loadu_ps(S + c), vs));
+    if (cl > c0) mx = _mm512_max_ps(mx, _mm512_mask_mul_ps(ninf, kl, _mm512_loadu_ps(S + cl), vs));
+    const float mnew = std::max(m, _mm512_reduce_max_ps(mx));
+    const __m512 vm = _mm512_set1_ps(mnew);
+    std::memset(P, 0, c0 * sizeof(uint16_t));
+    std::memset(P + c1, 0, (n - c1) * sizeof(uint16_t));
+    __m512 sum = _mm512_setzero_ps();
+    weigh(S, c0, kf, vs, vm, sum, P);
+    for (int64_t c = c0 + 16; c < cl; c += 16) weigh(S, c, 0xFFFF, vs, vm, sum, P);
+    if (cl > c0) weigh(S, cl, kl, vs, vm, sum, P);
+    const float alpha = m == NEG_INF ? 0.f : std::exp2(m - mnew);
+    l = l * alpha + _mm512_reduce_add_ps(sum);
+    if (rescale && alpha != 1.f) {
+        const __m512 va = _mm512_set1_ps(alpha);
+        for (int64_t d = 0; d < Dv; d += 16)
+            _mm512_storeu_ps(O + d, _mm512_mul_ps(_mm512_loadu_ps(O + d), va));
+    }
+    m = mnew;
+}
+
+// One tile: queries [i0, i1) of KV head g; the span's queries are rows row0 + i of q and out;
+// kp, vp its KV head's packed columns (C of them, the first being key kbase).
+MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, int64_t C,
+                    int64_t kbase, const float* sinks, const Shape& s, int64_t row0, int64_t g,
+                    int64_t i0, int64_t i1, float scale, void* out, bool bf16, Scratch& w) {
     const int64_t R = (i1 - i0) * s.rep;
     w.Q.resize(R * s.D);
-    w.P.resize(R * KB);
-    w.S.resize(R * KB);
-    w.O.assign(R * s.Dv, 0.f);
+    w.O.resize(R * s.Dv);
     w.m.resize(R);
     w.l.resize(R);
     w.lo.resize(R);
     w.hi.resize(R);
-    int64_t lo_max = 0, hi_min = s.L;
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
         std::memcpy(w.Q.data() + r * s.D, q + ((row0 + i) * s.Hq + h) * s.D,
                     s.D * sizeof(uint16_t));
         visible(s, i, w.lo[r], w.hi[r]);
-        lo_max = std::max(lo_max, w.lo[r]);
-        hi_min = std::min(hi_min, w.hi[r]);
         w.m[r] = sinks ? sinks[h] * LOG2E : NEG_INF;   // a sink: one more logit, no value
         w.l[r] = sinks ? 1.f : 0.f;
     }
     const auto* Qb = reinterpret_cast<const at::BFloat16*>(w.Q.data());
-    const auto* Pb = reinterpret_cast<const at::BFloat16*>(w.P.data());
-    const int64_t jlo = w.lo[0], jhi = w.hi[R - 1];
+    const int64_t jlo = w.lo[0] / COL * COL, jhi = (w.hi[R - 1] + COL - 1) / COL * COL;
+    const int64_t chunks = (jhi - jlo + KMAX - 1) / KMAX;
+    const int64_t step = (jhi - jlo + chunks * COL - 1) / (chunks * COL) * COL;  // even chunks
+    w.S.resize(R * std::min(step, jhi - jlo));
+    w.P.resize(R * std::min(step, jhi - jlo));
     const __m512 vs = _mm512_set1_ps(scale * LOG2E);   // the softmax in base 2
-    for (int64_t b = jlo / KB; b * KB < jhi; ++b) {
-        const int64_t j0 = b * KB;
-        const auto* kp = reinterpret_cast<const at::BFloat16*>(kpack + (g * s.nblk + b) * KB * s.D);
-        const auto* vp = reinterpret_cast<const at::BFloat16*>(vpack + (g * s.nblk + b) * KB * s.Dv);
-        cpublas::brgemm(R, KB, s.D, s.D, KB, KB, false, Qb, kp, w.S.data());
-        // Every row sees the whole block: no masks (the interior of a window's band).
-        const bool whole = lo_max <= j0 && j0 + KB <= hi_min;
+    for (int64_t j0 = jlo; j0 < jhi; j0 += step) {
+        const int64_t n = std::min(step, jhi - j0), c = j0 - kbase;
+        cpublas::brgemm(R, n, s.D, s.D, C, n, false, Qb,
+                        reinterpret_cast<const at::BFloat16*>(kp) + 2 * c, w.S.data());
         for (int64_t r = 0; r < R; ++r)
-            softmax_row<KB / 16, true>(w.S.data() + r * KB, j0, w.lo[r], w.hi[r], whole, vs,
-                                       w.m[r], w.l[r], w.O.data() + r * s.Dv, s.Dv,
-                                       w.P.data() + r * KB);
-        cpublas::brgemm(R, s.Dv, KB, KB, s.Dv, s.Dv, true, Pb, vp, w.O.data());
+            softmax_cols(w.S.data() + r * n, n, j0, w.lo[r], w.hi[r], vs, w.m[r], w.l[r],
+                         j0 > jlo, w.O.data() + r * s.Dv, s.Dv, w.P.data() + r * n);
+        cpublas::brgemm(R, s.Dv, n, n, s.Dv, s.Dv, j0 > jlo,
+                        reinterpret_cast<const at::BFloat16*>(w.P.data()),
+                        reinterpret_cast<const at::BFloat16*>(vp) + c * s.Dv, w.O.data());
     }
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
@@ -92,56 +144,82 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kpack, const uint16_t* vp
     }
 }
 
-// One span of a step: its shape, its first row in q and out, its slots, and where its
-// packed blocks start (in blocks of the step's pack).
+// Keys [j0, j0 + nj) of KV head g into the columns j - kbase of kp [D/2][C] (pairs along D,
+// 32 bits each) and vp [C/2][Dv][2] (value rows interleaved in pairs); keys past L zeros.
+MIMO_BF16 void pack_cols(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                         const Shape& s, int64_t g, int64_t j0, int64_t nj, int64_t kbase,
+                         int64_t C, uint32_t* kp, uint16_t* vp) {
+    const int64_t P = s.D / 2;
+    const uint16_t* row[PACK_KEYS];
+    for (int64_t t = 0; t < nj; ++t) {
+        const int64_t j = j0 + t;
+        row[t] = j < s.L ? kc + (slots[j] * s.Hkv + g) * s.D : nullptr;
+    }
+    for (int64_t p = 0; p < P; ++p)
+        for (int64_t t = 0; t < nj; ++t)
+            kp[p * C + j0 - kbase + t] = row[t] ? reinterpret_cast<const uint32_t*>(row[t])[p] : 0u;
+    for (int64_t t = 0; t < nj; ++t) {
+        const int64_t j = j0 + t;
+        row[t] = j < s.L ? vc + (slots[j] * s.Hkv + g) * s.Dv : nullptr;
+    }
+    for (int64_t t = 0; t < nj / 2; ++t)
+        interleave_pair(row[2 * t], row[2 * t + 1], s.Dv, vp + ((j0 - kbase) / 2 + t) * s.Dv * 2);
+}
+
+// One span of a step: its shape, its first row in q and out, its slots, its packed columns
+// (C from key kbase: the keys its first query sees onwards) and where they start in the
+// step's pack (in columns; each KV head's C follow one another).
 struct Span {
     Shape s;
     int64_t row0;
     const int64_t* slots;
-    int64_t block0;
+    int64_t kbase = 0, C = 0, col0 = 0;
 };
 
 // Every span of a step (the spans of one layer share window, scale and sinks): one parallel
-// region packs all their blocks and one computes all their tiles, so a step of several
+// region packs all their keys and one computes all their tiles, so a step of several
 // prompts pays one fork and join per layer, not two per prompt, and its threads share the
 // prompts' tiles instead of splitting each prompt's few.
-template <int64_t KB>
 void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                std::vector<Span>& spans, double scale, const torch::Tensor& sinks,
                torch::Tensor& out) {
-    int64_t blocks = 0;
-    std::vector<std::array<int64_t, 3>> packs;    // (span, g, block)
+    int64_t cols = 0;
+    std::vector<std::array<int64_t, 3>> packs;    // (span, g, first key)
     std::vector<std::array<int64_t, 4>> tiles;    // (span, g, first query, end query)
     for (int64_t x = 0; x < static_cast<int64_t>(spans.size()); ++x) {
         Span& sp = spans[x];
         const Shape& s = sp.s;
-        sp.block0 = blocks;
-        blocks += s.Hkv * s.nblk;
         int64_t lo0, unused;
         visible(s, 0, lo0, unused);
+        sp.kbase = lo0 / COL * COL;
+        sp.C = (s.L + COL - 1) / COL * COL - sp.kbase;
+        sp.col0 = cols;
+        cols += s.Hkv * sp.C;
         const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
         for (int64_t g = 0; g < s.Hkv; ++g) {
-            for (int64_t b = lo0 / KB; b < s.nblk; ++b) packs.push_back({x, g, b});
+            for (int64_t j = sp.kbase; j < sp.kbase + sp.C; j += PACK_KEYS) packs.push_back({x, g, j});
             for (int64_t i = 0; i < s.n; i += tq)
                 tiles.push_back({x, g, i, std::min(s.n, i + tq)});
         }
     }
     if (tiles.empty()) return;
     const Shape& s0 = spans[0].s;
-    auto kpack = torch::empty({blocks * KB * s0.D}, q.options());
-    auto vpack = torch::empty({blocks * KB * s0.Dv}, q.options());
+    auto kpack = torch::empty({cols * s0.D}, q.options());
+    auto vpack = torch::empty({cols * s0.Dv}, q.options());
     auto* kp = reinterpret_cast<uint16_t*>(kpack.data_ptr<at::BFloat16>());
     auto* vp = reinterpret_cast<uint16_t*>(vpack.data_ptr<at::BFloat16>());
     const auto* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>());
     const auto* vc = reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>());
+    // a KV head's columns: keys at kp + (col0 + g C) D, values at vp + (col0 + g C) Dv
+    const auto head_cols = [&](const Span& sp, int64_t g) { return sp.col0 + g * sp.C; };
     at::parallel_for(0, static_cast<int64_t>(packs.size()), 4, [&](int64_t a, int64_t e) {
         for (int64_t x = a; x < e; ++x) {
-            const auto [i, g, b] = packs[x];
+            const auto [i, g, j] = packs[x];
             const Span& sp = spans[i];
-            const int64_t blk = sp.block0 + g * sp.s.nblk + b;
-            pack<KB>(kc, vc, sp.slots, sp.s, g, b,
-                     reinterpret_cast<uint32_t*>(kp) + blk * KB * (sp.s.D / 2),
-                     vp + blk * KB * sp.s.Dv);
+            const int64_t h = head_cols(sp, g);
+            pack_cols(kc, vc, sp.slots, sp.s, g, j, std::min(PACK_KEYS, sp.kbase + sp.C - j),
+                      sp.kbase, sp.C, reinterpret_cast<uint32_t*>(kp + h * sp.s.D),
+                      vp + h * sp.s.Dv);
         }
     });
     const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
@@ -152,33 +230,32 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
         static_cast<int64_t>(tiles.size()),
         [&](int64_t x) {
             const auto [i, g, i0, i1] = tiles[x];
-            return tile_blocks(spans[i].s, i0, i1, KB);
+            return tile_blocks(spans[i].s, i0, i1, COL);
         },
         [&](int64_t x, Scratch& w) {
             const auto [i, g, i0, i1] = tiles[x];
             const Span& sp = spans[i];
-            tile<KB>(qp, kp + sp.block0 * KB * sp.s.D, vp + sp.block0 * KB * sp.s.Dv, sk, sp.s,
-                     sp.row0, g, i0, i1, static_cast<float>(scale), op, bf16, w);
+            const int64_t h = head_cols(sp, g);
+            tile(qp, kp + h * sp.s.D, vp + h * sp.s.Dv, sp.C, sp.kbase, sk, sp.s, sp.row0, g,
+                 i0, i1, static_cast<float>(scale), op, bf16, w);
         },
         // the AMX tile state, back before oneDNN's next call
         [] { cpublas::brgemm_release(); });
 }
 
-template <int64_t KB>
 torch::Tensor run(const torch::Tensor& q, const torch::Tensor& k_cache,
                   const torch::Tensor& v_cache, const torch::Tensor& slots, int64_t offset,
                   int64_t window, double scale, const torch::Tensor& sinks,
                   const torch::Tensor& into) {
-    const Shape s = span_shape(q, k_cache, v_cache, slots, offset, window, sinks, KB);
+    const Shape s = span_shape(q, k_cache, v_cache, slots, offset, window, sinks, COL);
     torch::Tensor out = output_for(into, s, q);
-    std::vector<Span> spans{{s, 0, slots.data_ptr<int64_t>(), 0}};
-    run_spans<KB>(q, k_cache, v_cache, spans, scale, sinks, out);
+    std::vector<Span> spans{{s, 0, slots.data_ptr<int64_t>()}};
+    run_spans(q, k_cache, v_cache, spans, scale, sinks, out);
     return out;
 }
 
 // The spans of `table` [S, 5] int64 rows (row0, n, slot0, L, offset): queries q[row0, row0
 // + n) over keys slots[slot0, slot0 + L), each checked as a call of its own would be.
-template <int64_t KB>
 void run_table(const torch::Tensor& q, const torch::Tensor& k_cache,
                const torch::Tensor& v_cache, const torch::Tensor& slots,
                const torch::Tensor& table, int64_t window, double scale,
@@ -198,11 +275,11 @@ void run_table(const torch::Tensor& q, const torch::Tensor& k_cache,
         TORCH_CHECK(slot0 >= 0 && L >= 0 && slot0 + L <= slots.size(0), "span ", x, ": slots [",
                     slot0, ", ", slot0 + L, ") outside the ", slots.size(0), " given");
         const Shape s = span_shape(q.narrow(0, row0, n), k_cache, v_cache, slots.narrow(0, slot0, L),
-                                   t[4], window, sinks, KB);
+                                   t[4], window, sinks, COL);
         output_for(out.narrow(0, row0, n), s, q);       // (its checks)
-        if (s.n > 0) spans.push_back({s, row0, slots.data_ptr<int64_t>() + slot0, 0});
+        if (s.n > 0) spans.push_back({s, row0, slots.data_ptr<int64_t>() + slot0});
     }
-    if (!spans.empty()) run_spans<KB>(q, k_cache, v_cache, spans, scale, sinks, out);
+    if (!spans.empty()) run_spans(q, k_cache, v_cache, spans, scale, sinks, out);
 }
 
 }  // namespace
@@ -217,9 +294,7 @@ torch::Tensor prefill_attention_amx(const torch::Tensor& q, const torch::Tensor&
                                     const torch::Tensor& sinks, const torch::Tensor& out) {
     TORCH_CHECK(prefill_attention_amx_ok(),
                 "prefill_attention_amx needs AVX512-BF16 and oneDNN's bf16 brgemm (AMX)");
-    return window > 0
-        ? run<KB_WINDOW>(q, k_cache, v_cache, slots, offset, window, scale, sinks, out)
-        : run<KB_FULL>(q, k_cache, v_cache, slots, offset, window, scale, sinks, out);
+    return run(q, k_cache, v_cache, slots, offset, window, scale, sinks, out);
 }
 
 void prefill_attention_amx_spans(const torch::Tensor& q, const torch::Tensor& k_cache,
@@ -228,10 +303,7 @@ void prefill_attention_amx_spans(const torch::Tensor& q, const torch::Tensor& k_
                                  const torch::Tensor& sinks, torch::Tensor out) {
     TORCH_CHECK(prefill_attention_amx_ok(),
                 "prefill_attention_amx needs AVX512-BF16 and oneDNN's bf16 brgemm (AMX)");
-    if (window > 0)
-        run_table<KB_WINDOW>(q, k_cache, v_cache, slots, spans, window, scale, sinks, out);
-    else
-        run_table<KB_FULL>(q, k_cache, v_cache, slots, spans, window, scale, sinks, out);
+    run_table(q, k_cache, v_cache, slots, spans, window, scale, sinks, out);
 }
 
 #else   // the AVX2 build: not available (callers keep the other paths)

@@ -1,7 +1,8 @@
 // What the two prefill attention kernels share (prefill_attention.cpp: vdpbf16ps dot
 // products; prefill_attention_amx.cpp: oneDNN's brgemm on AMX tiles): the span's shape and
 // its argument checks, the output they write and how a row is stored, the keys a query
-// sees, the packed key and value blocks, exp and 2^x of 16 floats, one row's step of the
+// sees, the packed key and value blocks (the AMX kernel packs its own runs of columns, with
+// the same pairs), exp and 2^x of 16 floats, one row's step of the
 // online softmax. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
 #pragma once
 #include <torch/extension.h>
@@ -167,6 +168,24 @@ MIMO_BF16 inline void softmax_row(const float* S, int64_t j0, int64_t lo, int64_
     m = mnew;
 }
 
+// Value rows a and b (Dv bf16 each; null: zeros) interleaved, a[0] b[0] a[1] b[1] ..., into
+// dst [Dv][2]: a key pair's row of the layout P V reads.
+MIMO_BF16 inline void interleave_pair(const uint16_t* a, const uint16_t* b, int64_t Dv,
+                                      uint16_t* dst) {
+    // 16 values of a and 16 of b -> 32 bf16, interleaved.
+    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
+                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
+                                         16, 0);
+    for (int64_t d = 0; d < Dv; d += 16) {
+        const __m256i va = a ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d))
+                             : _mm256_setzero_si256();
+        const __m256i vb = b ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + d))
+                             : _mm256_setzero_si256();
+        const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);
+        _mm512_storeu_si512(dst + d * 2, _mm512_permutexvar_epi16(idx, ab));
+    }
+}
+
 // Block b (TK keys) of KV head g in the pair-interleaved ("VNNI") layouts both products
 // read: Kp [D/2][TK] key pairs along D (32 bits each), Vp [TK/2][Dv][2] bf16 (value rows
 // interleaved in pairs). Keys past L are zeros (and masked).
@@ -184,22 +203,8 @@ MIMO_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* slots
     }
     for (int64_t p = 0; p < P; ++p)
         for (int64_t t = 0; t < TK; ++t) kp[p * TK + t] = krow[t] ? krow[t][p] : 0u;
-    // 16 values of row 2t and 16 of row 2t+1 -> 32 bf16, interleaved.
-    const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9,
-                                         24, 8, 23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1,
-                                         16, 0);
-    for (int64_t t = 0; t < TK / 2; ++t) {
-        const uint16_t* a = vrow[2 * t];
-        const uint16_t* c = vrow[2 * t + 1];
-        for (int64_t d = 0; d < s.Dv; d += 16) {
-            const __m256i va = a ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + d))
-                                 : _mm256_setzero_si256();
-            const __m256i vb = c ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + d))
-                                 : _mm256_setzero_si256();
-            const __m512i ab = _mm512_inserti64x4(_mm512_castsi256_si512(va), vb, 1);
-            _mm512_storeu_si512(vp + (t * s.Dv + d) * 2, _mm512_permutexvar_epi16(idx, ab));
-        }
-    }
+    for (int64_t t = 0; t < TK / 2; ++t)
+        interleave_pair(vrow[2 * t], vrow[2 * t + 1], s.Dv, vp + t * s.Dv * 2);
 }
 
 // Packs every block some query of the span sees (a window's first queries start past key
