@@ -31,16 +31,25 @@ namespace {
 using namespace mimo_prefill;
 namespace cpublas = at::native::cpublas;
 
-// Keys are packed per span in one column layout (Kp [D/2][C] key pairs, Vp [C/2][Dv][2]),
-// C the span's visible keys rounded to COL, so a tile's products can take any run of
-// COL-aligned keys as one operand: one S = Q K^T and one P V per chunk of at most KMAX keys
-// (a window's whole band is one chunk) instead of two brgemm calls per 128-key block, O
-// written once per chunk rather than accumulated per block, and no rescale of O within a
-// chunk. KMAX bounds S and P of a 128-row tile (512 KB and 256 KB) to stay in L2 beside the
+// Keys are packed per span as runs of columns (Kp [D/2][LDB] key pairs per super-block of
+// SBC keys, Vp [C/2][Dv][2]), C the span's visible keys rounded to COL, so a tile can take any
+// run of COL-aligned keys within a super-block as one operand: one S = Q K^T and one P V per
+// chunk of at most KMAX keys (a window's band is one chunk, or two where it crosses a
+// super-block) instead of two brgemm calls per 128-key block, O written once per chunk, no
+// rescale of O within one. oneDNN JIT-compiles and keeps (per thread, for good) a kernel for
+// every shape and stride it is given, so every stride here is fixed and a tile's rows are
+// padded to ROWS_PAD: at most KMAX / COL widths x TILE_ROWS / ROWS_PAD heights per product.
+// LDB is not a power of two: a stride of 8 KB put a tile load's 16 rows in one L1 set.
+// KMAX bounds S and P of a 128-row tile (512 KB and 256 KB) to stay in L2 beside the
 // chunk's keys and values.
-constexpr int64_t COL = 32, KMAX = 1024;
-constexpr int64_t PACK_KEYS = 128;  // keys per packing task
+constexpr int64_t COL = 32, KMAX = 1024, SBC = 2048, LDB = SBC + 16;
+constexpr int64_t PACK_KEYS = 128;  // keys per packing task (SBC is a multiple)
 constexpr int64_t TILE_ROWS = 128;  // rows of a tile (positions x heads per KV head), at most
+constexpr int64_t ROWS_PAD = 32;
+
+// Super-blocks of a run of C columns, and where column c of a KV head's keys lies (in pairs).
+inline int64_t super_blocks(int64_t C) { return (C + SBC - 1) / SBC; }
+inline int64_t key_col(int64_t c, int64_t D) { return c / SBC * (D / 2) * LDB + c % SBC; }
 
 struct Scratch {
     std::vector<uint16_t> Q, P;   // [R, D] the tile's query rows; [R, n] P in bf16
@@ -101,16 +110,18 @@ MIMO_BF16 inline void softmax_cols(const float* S, int64_t n, int64_t j0, int64_
 
 // One tile: queries [i0, i1) of KV head g; the span's queries are rows row0 + i of q and out;
 // kp, vp its KV head's packed columns (C of them, the first being key kbase).
-MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, int64_t C,
-                    int64_t kbase, const float* sinks, const Shape& s, int64_t row0, int64_t g,
-                    int64_t i0, int64_t i1, float scale, void* out, bool bf16, Scratch& w) {
-    const int64_t R = (i1 - i0) * s.rep;
-    w.Q.resize(R * s.D);
-    w.O.resize(R * s.Dv);
-    w.m.resize(R);
-    w.l.resize(R);
-    w.lo.resize(R);
-    w.hi.resize(R);
+MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, int64_t kbase,
+                    const float* sinks, const Shape& s, int64_t row0, int64_t g, int64_t i0,
+                    int64_t i1, float scale, void* out, bool bf16, Scratch& w) {
+    const int64_t R = (i1 - i0) * s.rep, Rp = (R + ROWS_PAD - 1) / ROWS_PAD * ROWS_PAD;
+    w.Q.resize(Rp * s.D);
+    w.O.resize(Rp * s.Dv);
+    w.S.resize(Rp * KMAX);
+    w.P.resize(Rp * KMAX);
+    w.m.resize(Rp);
+    w.l.resize(Rp);
+    w.lo.resize(Rp);
+    w.hi.resize(Rp);
     for (int64_t r = 0; r < R; ++r) {
         const int64_t i = i0 + r / s.rep, h = g * s.rep + r % s.rep;
         std::memcpy(w.Q.data() + r * s.D, q + ((row0 + i) * s.Hq + h) * s.D,
@@ -119,21 +130,26 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, i
         w.m[r] = sinks ? sinks[h] * LOG2E : NEG_INF;   // a sink: one more logit, no value
         w.l[r] = sinks ? 1.f : 0.f;
     }
+    // padding rows: zero queries over the last row's keys, computed and never stored
+    std::memset(w.Q.data() + R * s.D, 0, (Rp - R) * s.D * sizeof(uint16_t));
+    for (int64_t r = R; r < Rp; ++r) {
+        w.lo[r] = w.lo[R - 1];
+        w.hi[r] = w.hi[R - 1];
+        w.m[r] = NEG_INF;
+        w.l[r] = 0.f;
+    }
     const auto* Qb = reinterpret_cast<const at::BFloat16*>(w.Q.data());
     const int64_t jlo = w.lo[0] / COL * COL, jhi = (w.hi[R - 1] + COL - 1) / COL * COL;
-    const int64_t chunks = (jhi - jlo + KMAX - 1) / KMAX;
-    const int64_t step = (jhi - jlo + chunks * COL - 1) / (chunks * COL) * COL;  // even chunks
-    w.S.resize(R * std::min(step, jhi - jlo));
-    w.P.resize(R * std::min(step, jhi - jlo));
     const __m512 vs = _mm512_set1_ps(scale * LOG2E);   // the softmax in base 2
-    for (int64_t j0 = jlo; j0 < jhi; j0 += step) {
-        const int64_t n = std::min(step, jhi - j0), c = j0 - kbase;
-        cpublas::brgemm(R, n, s.D, s.D, C, n, false, Qb,
-                        reinterpret_cast<const at::BFloat16*>(kp) + 2 * c, w.S.data());
-        for (int64_t r = 0; r < R; ++r)
+    for (int64_t j0 = jlo, n; j0 < jhi; j0 += n) {
+        const int64_t c = j0 - kbase;
+        n = std::min({jhi - j0, KMAX, SBC - c % SBC});
+        cpublas::brgemm(Rp, n, s.D, s.D, LDB, n, false, Qb,
+                        reinterpret_cast<const at::BFloat16*>(kp) + 2 * key_col(c, s.D), w.S.data());
+        for (int64_t r = 0; r < Rp; ++r)
             softmax_cols(w.S.data() + r * n, n, j0, w.lo[r], w.hi[r], vs, w.m[r], w.l[r],
                          j0 > jlo, w.O.data() + r * s.Dv, s.Dv, w.P.data() + r * n);
-        cpublas::brgemm(R, s.Dv, n, n, s.Dv, s.Dv, j0 > jlo,
+        cpublas::brgemm(Rp, s.Dv, n, n, s.Dv, s.Dv, j0 > jlo,
                         reinterpret_cast<const at::BFloat16*>(w.P.data()),
                         reinterpret_cast<const at::BFloat16*>(vp) + c * s.Dv, w.O.data());
     }
@@ -144,20 +160,22 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, i
     }
 }
 
-// Keys [j0, j0 + nj) of KV head g into the columns j - kbase of kp [D/2][C] (pairs along D,
-// 32 bits each) and vp [C/2][Dv][2] (value rows interleaved in pairs); keys past L zeros.
+// Keys [j0, j0 + nj) of KV head g (within one super-block) into the columns j - kbase of kp
+// (key_col: pairs along D, 32 bits each) and vp [C/2][Dv][2] (value rows interleaved in
+// pairs); keys past L zeros.
 MIMO_BF16 void pack_cols(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
                          const Shape& s, int64_t g, int64_t j0, int64_t nj, int64_t kbase,
-                         int64_t C, uint32_t* kp, uint16_t* vp) {
+                         uint32_t* kp, uint16_t* vp) {
     const int64_t P = s.D / 2;
     const uint16_t* row[PACK_KEYS];
     for (int64_t t = 0; t < nj; ++t) {
         const int64_t j = j0 + t;
         row[t] = j < s.L ? kc + (slots[j] * s.Hkv + g) * s.D : nullptr;
     }
+    uint32_t* kb = kp + key_col(j0 - kbase, s.D);
     for (int64_t p = 0; p < P; ++p)
         for (int64_t t = 0; t < nj; ++t)
-            kp[p * C + j0 - kbase + t] = row[t] ? reinterpret_cast<const uint32_t*>(row[t])[p] : 0u;
+            kb[p * LDB + t] = row[t] ? reinterpret_cast<const uint32_t*>(row[t])[p] : 0u;
     for (int64_t t = 0; t < nj; ++t) {
         const int64_t j = j0 + t;
         row[t] = j < s.L ? vc + (slots[j] * s.Hkv + g) * s.Dv : nullptr;
@@ -168,12 +186,14 @@ MIMO_BF16 void pack_cols(const uint16_t* kc, const uint16_t* vc, const int64_t* 
 
 // One span of a step: its shape, its first row in q and out, its slots, its packed columns
 // (C from key kbase: the keys its first query sees onwards) and where they start in the
-// step's pack (in columns; each KV head's C follow one another).
+// step's packs (each KV head's after the other's): its keys at column kcol0 (counting each
+// super-block's LDB), its values at vcol0.
 struct Span {
     Shape s;
     int64_t row0;
     const int64_t* slots;
-    int64_t kbase = 0, C = 0, col0 = 0;
+    int64_t kbase = 0, C = 0, kcol0 = 0, vcol0 = 0;
+    int64_t kcols() const { return super_blocks(C) * LDB; }   // a KV head's, in the key pack
 };
 
 // Every span of a step (the spans of one layer share window, scale and sinks): one parallel
@@ -183,7 +203,7 @@ struct Span {
 void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
                std::vector<Span>& spans, double scale, const torch::Tensor& sinks,
                torch::Tensor& out) {
-    int64_t cols = 0;
+    int64_t kcols = 0, vcols = 0;
     std::vector<std::array<int64_t, 3>> packs;    // (span, g, first key)
     std::vector<std::array<int64_t, 4>> tiles;    // (span, g, first query, end query)
     for (int64_t x = 0; x < static_cast<int64_t>(spans.size()); ++x) {
@@ -193,8 +213,10 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
         visible(s, 0, lo0, unused);
         sp.kbase = lo0 / COL * COL;
         sp.C = (s.L + COL - 1) / COL * COL - sp.kbase;
-        sp.col0 = cols;
-        cols += s.Hkv * sp.C;
+        sp.kcol0 = kcols;
+        sp.vcol0 = vcols;
+        kcols += s.Hkv * sp.kcols();
+        vcols += s.Hkv * sp.C;
         const int64_t tq = std::max<int64_t>(1, TILE_ROWS / s.rep);
         for (int64_t g = 0; g < s.Hkv; ++g) {
             for (int64_t j = sp.kbase; j < sp.kbase + sp.C; j += PACK_KEYS) packs.push_back({x, g, j});
@@ -204,22 +226,21 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
     }
     if (tiles.empty()) return;
     const Shape& s0 = spans[0].s;
-    auto kpack = torch::empty({cols * s0.D}, q.options());
-    auto vpack = torch::empty({cols * s0.Dv}, q.options());
+    auto kpack = torch::empty({kcols * s0.D}, q.options());
+    auto vpack = torch::empty({vcols * s0.Dv}, q.options());
     auto* kp = reinterpret_cast<uint16_t*>(kpack.data_ptr<at::BFloat16>());
     auto* vp = reinterpret_cast<uint16_t*>(vpack.data_ptr<at::BFloat16>());
     const auto* kc = reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>());
     const auto* vc = reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>());
-    // a KV head's columns: keys at kp + (col0 + g C) D, values at vp + (col0 + g C) Dv
-    const auto head_cols = [&](const Span& sp, int64_t g) { return sp.col0 + g * sp.C; };
+    // KV head g's packed keys and values
+    const auto keys = [&](const Span& sp, int64_t g) { return kp + (sp.kcol0 + g * sp.kcols()) * sp.s.D; };
+    const auto values = [&](const Span& sp, int64_t g) { return vp + (sp.vcol0 + g * sp.C) * sp.s.Dv; };
     at::parallel_for(0, static_cast<int64_t>(packs.size()), 4, [&](int64_t a, int64_t e) {
         for (int64_t x = a; x < e; ++x) {
             const auto [i, g, j] = packs[x];
             const Span& sp = spans[i];
-            const int64_t h = head_cols(sp, g);
             pack_cols(kc, vc, sp.slots, sp.s, g, j, std::min(PACK_KEYS, sp.kbase + sp.C - j),
-                      sp.kbase, sp.C, reinterpret_cast<uint32_t*>(kp + h * sp.s.D),
-                      vp + h * sp.s.Dv);
+                      sp.kbase, reinterpret_cast<uint32_t*>(keys(sp, g)), values(sp, g));
         }
     });
     const auto* qp = reinterpret_cast<const uint16_t*>(q.data_ptr<at::BFloat16>());
@@ -235,9 +256,8 @@ void run_spans(const torch::Tensor& q, const torch::Tensor& k_cache, const torch
         [&](int64_t x, Scratch& w) {
             const auto [i, g, i0, i1] = tiles[x];
             const Span& sp = spans[i];
-            const int64_t h = head_cols(sp, g);
-            tile(qp, kp + h * sp.s.D, vp + h * sp.s.Dv, sp.C, sp.kbase, sk, sp.s, sp.row0, g,
-                 i0, i1, static_cast<float>(scale), op, bf16, w);
+            tile(qp, keys(sp, g), values(sp, g), sp.kbase, sk, sp.s, sp.row0, g, i0, i1,
+                 static_cast<float>(scale), op, bf16, w);
         },
         // the AMX tile state, back before oneDNN's next call
         [] { cpublas::brgemm_release(); });
