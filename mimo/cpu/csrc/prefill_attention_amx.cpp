@@ -161,27 +161,12 @@ MIMO_BF16 void tile(const uint16_t* q, const uint16_t* kp, const uint16_t* vp, i
 }
 
 // Keys [j0, j0 + nj) of KV head g (within one super-block) into the columns j - kbase of kp
-// (key_col: pairs along D, 32 bits each) and vp [C/2][Dv][2] (value rows interleaved in
-// pairs); keys past L zeros.
+// (key_col) and vp [C/2][Dv][2] (pack_keys).
 MIMO_BF16 void pack_cols(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
                          const Shape& s, int64_t g, int64_t j0, int64_t nj, int64_t kbase,
                          uint32_t* kp, uint16_t* vp) {
-    const int64_t P = s.D / 2;
-    const uint16_t* row[PACK_KEYS];
-    for (int64_t t = 0; t < nj; ++t) {
-        const int64_t j = j0 + t;
-        row[t] = j < s.L ? kc + (slots[j] * s.Hkv + g) * s.D : nullptr;
-    }
-    uint32_t* kb = kp + key_col(j0 - kbase, s.D);
-    for (int64_t p = 0; p < P; ++p)
-        for (int64_t t = 0; t < nj; ++t)
-            kb[p * LDB + t] = row[t] ? reinterpret_cast<const uint32_t*>(row[t])[p] : 0u;
-    for (int64_t t = 0; t < nj; ++t) {
-        const int64_t j = j0 + t;
-        row[t] = j < s.L ? vc + (slots[j] * s.Hkv + g) * s.Dv : nullptr;
-    }
-    for (int64_t t = 0; t < nj / 2; ++t)
-        interleave_pair(row[2 * t], row[2 * t + 1], s.Dv, vp + ((j0 - kbase) / 2 + t) * s.Dv * 2);
+    pack_keys<PACK_KEYS>(kc, vc, slots, s, g, j0, nj, kp + key_col(j0 - kbase, s.D), LDB,
+                         vp + (j0 - kbase) * s.Dv);
 }
 
 // One span of a step: its shape, its first row in q and out, its slots, its packed columns

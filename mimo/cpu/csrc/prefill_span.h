@@ -1,9 +1,9 @@
 // What the two prefill attention kernels share (prefill_attention.cpp: vdpbf16ps dot
 // products; prefill_attention_amx.cpp: oneDNN's brgemm on AMX tiles): the span's shape and
 // its argument checks, the output they write and how a row is stored, the keys a query
-// sees, the packed key and value blocks (the AMX kernel packs its own runs of columns, with
-// the same pairs), exp and 2^x of 16 floats, one row's step of the
-// online softmax. avx512-vnni build only (the includer guards it with MIMO_ISA_VNNI).
+// sees, the packed keys and values (in blocks; the AMX kernel's in runs of columns), exp
+// and 2^x of 16 floats, one row's step of the online softmax. avx512-vnni build only (the
+// includer guards it with MIMO_ISA_VNNI).
 #pragma once
 #include <torch/extension.h>
 #include <immintrin.h>
@@ -186,25 +186,34 @@ MIMO_BF16 inline void interleave_pair(const uint16_t* a, const uint16_t* b, int6
     }
 }
 
-// Block b (TK keys) of KV head g in the pair-interleaved ("VNNI") layouts both products
-// read: Kp [D/2][TK] key pairs along D (32 bits each), Vp [TK/2][Dv][2] bf16 (value rows
-// interleaved in pairs). Keys past L are zeros (and masked).
-template <int64_t TK>
-MIMO_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
-                    const Shape& s, int64_t g, int64_t b, uint32_t* kp, uint16_t* vp) {
+// Keys [j0, j0 + nj) of KV head g (nj even, at most MAXK) in the pair-interleaved ("VNNI")
+// layouts both products read: Kp [D/2][ldk] key pairs along D (32 bits each; the run's
+// keys in its first nj columns), Vp [nj/2][Dv][2] bf16 (value rows interleaved in pairs).
+// Keys past L are zeros (and masked).
+template <int64_t MAXK>
+MIMO_BF16 inline void pack_keys(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                                const Shape& s, int64_t g, int64_t j0, int64_t nj,
+                                uint32_t* kp, int64_t ldk, uint16_t* vp) {
     const int64_t P = s.D / 2;
-    const uint32_t* krow[TK];
-    const uint16_t* vrow[TK];
-    for (int64_t t = 0; t < TK; ++t) {
-        const int64_t j = b * TK + t;
+    const uint32_t* krow[MAXK];
+    const uint16_t* vrow[MAXK];
+    for (int64_t t = 0; t < nj; ++t) {
+        const int64_t j = j0 + t;
         krow[t] = j < s.L ? reinterpret_cast<const uint32_t*>(kc + (slots[j] * s.Hkv + g) * s.D)
                           : nullptr;
         vrow[t] = j < s.L ? vc + (slots[j] * s.Hkv + g) * s.Dv : nullptr;
     }
     for (int64_t p = 0; p < P; ++p)
-        for (int64_t t = 0; t < TK; ++t) kp[p * TK + t] = krow[t] ? krow[t][p] : 0u;
-    for (int64_t t = 0; t < TK / 2; ++t)
+        for (int64_t t = 0; t < nj; ++t) kp[p * ldk + t] = krow[t] ? krow[t][p] : 0u;
+    for (int64_t t = 0; t < nj / 2; ++t)
         interleave_pair(vrow[2 * t], vrow[2 * t + 1], s.Dv, vp + t * s.Dv * 2);
+}
+
+// Block b (TK keys) of KV head g: Kp [D/2][TK], Vp [TK/2][Dv][2] (pack_keys).
+template <int64_t TK>
+MIMO_BF16 void pack(const uint16_t* kc, const uint16_t* vc, const int64_t* slots,
+                    const Shape& s, int64_t g, int64_t b, uint32_t* kp, uint16_t* vp) {
+    pack_keys<TK>(kc, vc, slots, s, g, b * TK, TK, kp, TK, vp);
 }
 
 // Packs every block some query of the span sees (a window's first queries start past key
