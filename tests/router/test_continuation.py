@@ -38,18 +38,29 @@ def _publish(r: redis.Redis, url: str, inc: str, ids=None) -> None:
 
 
 def _busy(r: redis.Redis, url: str, n: int) -> None:
-    """n requests in flight on url, counted by a replica that is not under test."""
+    """n requests in flight on url, counted by a replica that is not under test. Its last
+    sighting is set a minute ahead so that a slow machine cannot let it go stale before the
+    decision reads it (staleness is not what these tests are about)."""
     r.hset(ce.inflight_key("elsewhere"), url, n)
-    r.zadd(ce.ROUTERS, {"elsewhere": int(time.time() * 1000)})
+    r.zadd(ce.ROUTERS, {"elsewhere": int(time.time() * 1000) + 60_000})
+
+
+def _cfg(redis_url: str, **kw) -> RouterConfig:
+    """A generous Redis timeout: a read that times out would make the router fall back to
+    the consistent hash, which is not the decision under test."""
+    return RouterConfig(workers=(A, B, C), redis=redis_url, model=None, redis_timeout=30.0,
+                        **kw)
 
 
 def _decide(cfg: RouterConfig, ids) -> str:
     async def go():
         rt = Router(cfg)
         try:
-            return (await rt.decide_prompt(Prompt(ids))).url
+            d = await rt.decide_prompt(Prompt(ids))
         finally:
             await rt.stop()
+        assert d.how != "fallback", "the decision fell back: Redis was not read"
+        return d.url
     return asyncio.run(go())
 
 
@@ -77,7 +88,7 @@ def test_a_next_turn_follows_its_history_and_a_shared_prefix_does_not(redis_serv
     _publish(r, A, "a1", HISTORY)
     _publish(r, B, "b1")
     _publish(r, C, "c1")
-    cfg = RouterConfig(workers=(A, B, C), redis=redis_server.url, model=None)
+    cfg = _cfg(redis_server.url)
     # A holds HISTORY and nothing is in flight: affinity alone sends HISTORY there, and a
     # fresh replica sends the next turn after it.
     assert _route_then_decide(cfg, HISTORY, NEXT_TURN) == (A, A)
@@ -89,8 +100,7 @@ def test_a_next_turn_follows_its_history_and_a_shared_prefix_does_not(redis_serv
     # A prompt sharing only half of that history is copied to an idle worker.
     assert _decide(cfg, SHARED_ONLY) in (B, C)
     # At weight 1 the load wins for the next turn too.
-    plain = RouterConfig(workers=(A, B, C), redis=redis_server.url, model=None,
-                         continuation_weight=1.0)
+    plain = _cfg(redis_server.url, continuation_weight=1.0)
     assert _decide(plain, NEXT_TURN) in (B, C)
     # A restarts with the same pages but a new incarnation: no continuation marks of the
     # old one are read, so the load wins.
@@ -106,7 +116,7 @@ def test_without_a_routed_earlier_request_the_same_history_is_not_a_continuation
     _publish(r, B, "b1")
     _publish(r, C, "c1")
     _busy(r, A, 3)
-    cfg = RouterConfig(workers=(A, B, C), redis=redis_server.url, model=None)
+    cfg = _cfg(redis_server.url)
     # A holds the pages but no router routed a prompt ending there: no continuation.
     assert _decide(cfg, NEXT_TURN) in (B, C)
     r.close()

@@ -183,11 +183,12 @@ def test_an_overloaded_session_worker_is_left(redis_server):
               "window": 0, "mode": "full", "uncached_tokens": 0}
         r.set(ce.heartbeat_key(url), json.dumps(hb), px=60_000)
     key = _key_for(A, [A, B, C])
-    cfg = RouterConfig(workers=(A, B, C), redis=redis_server.url, model=None)
+    cfg = RouterConfig(workers=(A, B, C), redis=redis_server.url, model=None,
+                       redis_timeout=30.0)   # a timed-out read would fall back
 
     async def go(busy: int):
         r.hset(ce.inflight_key("elsewhere"), A, busy)
-        r.zadd(ce.ROUTERS, {"elsewhere": int(time.time() * 1000)})
+        r.zadd(ce.ROUTERS, {"elsewhere": int(time.time() * 1000) + 60_000})   # never stale
         rt = Router(cfg)
         try:
             return [(await rt.decide_prompt(Prompt(list(range(i, i + 40))), session=key))
