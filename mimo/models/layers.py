@@ -21,6 +21,21 @@ QUANT_MAX_ROWS = 16
 # the weight on every call, which costs a 256-row product a third of its time there, and
 # from 384 rows on the packed call measured slower than the plain one.
 PACKED_MAX_ROWS = 256
+
+
+def gemm_rows(rows: int) -> int:
+    """The row count a dense half-precision product of `rows` rows runs at on the CPU (zero
+    rows appended). oneDNN, torch's GEMM for bf16 there, builds and keeps a kernel for every
+    row count it is given, and the first product at a new count measured 4-8x a warm one
+    (~5-17 ms per weight shape on the AMX Xeon), paid by every prompt of a new length. So
+    counts above QUANT_MAX_ROWS are rounded up to multiples of 32 to 512 rows, of 64 to
+    1,024, of 128 beyond: at most 1/8 more rows from 256 on (513 -> 576), and a bounded set
+    of kernels (28 up to a 1,536-token chunk)."""
+    if rows <= QUANT_MAX_ROWS:
+        return rows
+    step = 32 if rows <= 512 else 64 if rows <= 1024 else 128
+    return -(-rows // step) * step
+
 # Checkpoint tensors (names under a layer's prefix) that the shared modules stack by rows into
 # one Linear: attention.py's q/k/v, mlp.py's gate/up. A loader that lays each group out as
 # consecutive rows of one buffer in the model's dtype (gguf_loader) spares `stack_rows` a copy.
@@ -95,12 +110,28 @@ class Linear(nn.Module):
             if rows <= INT8_MAX_ROWS:
                 y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, -1), self.w_int8, self.w_scale)
                 return y.reshape(*x.shape[:-1], -1)
-        if self.w_packed is not None and x.numel() // x.shape[-1] <= PACKED_MAX_ROWS:
-            y = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]).contiguous(),
-                                                   self.w_packed,
-                                                   None, "none", [], "")
-            return y.view(*x.shape[:-1], -1)
+        if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) \
+                and not torch.compiler.is_compiling():
+            return self._cpu_half(x)
         return F.linear(x, self.weight)
+
+    def _cpu_half(self, x: torch.Tensor) -> torch.Tensor:
+        """The dense product on oneDNN at a `gemm_rows` row count, on the packed weight for
+        steps of up to PACKED_MAX_ROWS rows where there is one."""
+        x2 = x.reshape(-1, x.shape[-1])
+        rows = x2.shape[0]
+        padded = gemm_rows(rows)
+        if padded != rows:
+            xp = x2.new_empty((padded, x2.shape[1]))
+            xp[:rows] = x2
+            xp[rows:].zero_()
+            x2 = xp
+        if self.w_packed is not None and padded <= PACKED_MAX_ROWS:
+            y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.w_packed, None,
+                                                   "none", [], "")
+        else:
+            y = F.linear(x2, self.weight)
+        return y[:rows].view(*x.shape[:-1], -1)
 
 
 class RMSNorm(nn.Module):

@@ -285,10 +285,16 @@ def test_default_model_greedy_tokens_fused_equal_plain(gemma_loaded):
     layers give the plain layers' greedy tokens up to the first step where the plain run's
     top-2 margin is at most two bf16 steps of its logits (0.25 at these magnitudes: a tie
     that the attention's summation order decides; at equal tokens the two runs' top
-    log-probabilities were measured up to 0.27 apart, their bf16 KV caches drifting apart)."""
+    log-probabilities were measured up to 0.27 apart, their bf16 KV caches drifting apart).
+    Twelve prompts, so that the steps compared do not hang on where a few prompts' first
+    near-ties fall: with five, one rounding change in the prefill products (a bucketed row
+    count) moved them from 47 steps to 14, with every compared token still equal."""
     from mimo import LLM
     prompts = ["The capital of France is", "def quicksort(xs):\n", "Once upon a time, a",
-               "The three primary colors are", "import numpy as np\n\n"]
+               "The three primary colors are", "import numpy as np\n\n",
+               "My favourite recipe for bread", "In 1969, the first", "SELECT name FROM",
+               "The mitochondria is", "Dear Sir or Madam,\n", "The quick brown fox",
+               "for i in range(10):\n"]
     llms = {}
     for fused in ("auto", "off"):
         llms[fused] = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded,

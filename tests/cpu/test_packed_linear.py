@@ -1,7 +1,8 @@
 """Short steps on oneDNN-packed weights (Linear.pack, engine/prefill_matmul.pack_short_steps):
 the packed product equals the plain one and a float64 reference, steps of more than
 PACKED_MAX_ROWS rows keep torch's GEMM, and only 'auto' in bfloat16 on an AMX CPU packs
-(never the LM head)."""
+(never the LM head). Dense bf16 products run at a bounded set of row counts (`gemm_rows`),
+with the rows asked for equal to a float64 reference."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +15,8 @@ from helpers.tiny_models import loaded_from_hf, tiny_gemma3_hf
 from mimo import LLM
 from mimo.config import RuntimeConfig
 from mimo.engine import prefill_matmul
-from mimo.models.layers import PACKED_MAX_ROWS, Linear
+from mimo.models import layers
+from mimo.models.layers import PACKED_MAX_ROWS, QUANT_MAX_ROWS, Linear
 from mimo.models.lm_head import LMHead
 
 AMX = frozenset({"avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
@@ -48,6 +50,49 @@ def test_only_short_steps_take_the_packed_weight():
         x = torch.randn(rows, 80).bfloat16()
         torch.testing.assert_close(lin(x).double(), x.double() @ w.double().T,
                                    atol=0.1, rtol=2e-2)
+
+
+def test_dense_products_run_at_a_bounded_set_of_row_counts(monkeypatch):
+    """Every step size from 1 to a 1,536-token chunk: torch's GEMM sees at most 28 row
+    counts above QUANT_MAX_ROWS (each a kernel oneDNN builds once), never fewer rows than
+    asked, fewer than 32 more up to 512 rows, 64 to 1,024, 128 beyond (so at most 1/8 more
+    from 256 rows on), and the rows asked for are the product's."""
+    seen: list[int] = []
+    plain = F.linear
+
+    def recording(x, w):
+        seen.append(x.shape[0])
+        return plain(x, w)
+    monkeypatch.setattr(layers.F, "linear", recording)
+    lin = _linear(n_out=48, n_in=40)
+    g = torch.Generator().manual_seed(3)
+    x_all = torch.randn(1536, 40, generator=g).bfloat16()
+    ref_all = x_all.double() @ lin.weight.double().T
+    for rows in range(1, 1537):
+        y = lin(x_all[:rows])
+        assert y.shape == (rows, 48)
+        torch.testing.assert_close(y.double(), ref_all[:rows], atol=0.05, rtol=2e-2)
+        ran = seen[-1]
+        if rows <= QUANT_MAX_ROWS:
+            assert ran == rows
+        else:
+            step = 32 if rows <= 512 else 64 if rows <= 1024 else 128
+            assert rows <= ran < rows + step
+            assert rows < 256 or ran <= rows * 9 // 8
+    assert len({r for r in seen if r > QUANT_MAX_ROWS}) <= 28
+
+
+def test_padded_rows_do_not_reach_the_answer():
+    """Rows past the asked ones are zeros, whatever the input buffer holds beyond them
+    (a view into a larger tensor, non-finite values after it), leading dims kept."""
+    lin = _linear()
+    buf = torch.randn(2, 40, 80).bfloat16()
+    buf[:, 33:] = float("nan")
+    x = buf[:, :33]                                     # 66 rows, padded to 96
+    y = lin(x)
+    assert y.shape == (2, 33, 96) and bool(torch.isfinite(y).all())
+    torch.testing.assert_close(y.double(), x.double() @ lin.weight.double().T,
+                               atol=0.1, rtol=2e-2)
 
 
 def _llm(**opts) -> LLM:
