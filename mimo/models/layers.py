@@ -131,7 +131,7 @@ class Linear(nn.Module):
                                                    "none", [], "")
         else:
             y = F.linear(x2, self.weight)
-        return y[:rows].view(*x.shape[:-1], -1)
+        return y[:rows].view(*x.shape[:-1], y.shape[-1])
 
 
 class RMSNorm(nn.Module):

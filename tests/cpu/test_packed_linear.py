@@ -93,6 +93,7 @@ def test_padded_rows_do_not_reach_the_answer():
     assert y.shape == (2, 33, 96) and bool(torch.isfinite(y).all())
     torch.testing.assert_close(y.double(), x.double() @ lin.weight.double().T,
                                atol=0.1, rtol=2e-2)
+    assert lin(buf[:, :0]).shape == (2, 0, 96)          # no rows: an empty answer
 
 
 def _llm(**opts) -> LLM:
