@@ -18,10 +18,11 @@ from mimo.gpu.cpu_attention import CPUAttention
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("sinks", [False, True])
+@pytest.mark.parametrize("sinks", [False, True, "-inf"])
 @pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("dims", [(8, 2, 48, 32), (4, 4, 32, 32), (6, 1, 19, 13)])
 def test_decode_matches_brute_force(isa, dtype, sinks, window, dims):
+    """sinks "-inf": every other head's sink is minus infinity (it weighs nothing)."""
     ext = extension.load(isa)
     assert ext is not None
     g = torch.Generator().manual_seed(11)
@@ -43,6 +44,8 @@ def test_decode_matches_brute_force(isa, dtype, sinks, window, dims):
     k = torch.randn(T, Hkv, D, generator=g).to(dtype)
     v = torch.randn(T, Hkv, Dv, generator=g).to(dtype)
     sink = (3 * torch.randn(Hq, generator=g)).to(dtype) if sinks else None
+    if sinks == "-inf":
+        sink[::2] = -math.inf
     scale = 1 / math.sqrt(D)
     out = CPUAttention(ext).forward(q, k, v, kc, vc, batch, scale, sink)
     assert out.dtype == dtype and out.shape == (T, Hq, Dv)

@@ -47,7 +47,8 @@ SPANS = [(37, 0, 0, 0), (150, 200, 0, 0), (70, 530, 450, 0), (1, 90, 0, 0), (90,
 
 def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
     """Build one mixed step, run it, and compare every row with the reference; returns
-    the CPUAttention used (its `prefill` says which path ran)."""
+    the CPUAttention used (its `prefill` says which path ran). `sinks`: False, True, or
+    "-inf" (every other head's sink minus infinity)."""
     g = torch.Generator().manual_seed(seed)
     Hq, Hkv, D, Dv = dims
     dtype = torch.bfloat16
@@ -70,6 +71,8 @@ def run_case(ext, dims, window, sinks, seed=5, spans=SPANS, prefill="auto"):
         kc[owner[i][start:start + n]] = k[r0:r0 + n]
         vc[owner[i][start:start + n]] = v[r0:r0 + n]
     sink = (3 * torch.randn(Hq, generator=g)).to(dtype) if sinks else None
+    if sinks == "-inf":
+        sink[::2] = -math.inf       # a sink that weighs nothing, beside finite ones
     scale = 1 / math.sqrt(D)
     attn = CPUAttention(ext, prefill)
     out = attn.forward(q, k, v, kc, vc, batch, scale, sink)
@@ -111,6 +114,18 @@ def test_prefill_matches_brute_force(isa, prefill, sinks, window, dims):
 # is longer than the window, and without a window a tile's keys (up to 2,500) take three
 # products of at most 1,024 keys each, its softmax carried from one to the next.
 LONG_SPANS = [(700, 0, 0, 0), (300, 2200, 0, 0), (257, 515, 0, 0), (1, 900, 0, 0)]
+
+
+@pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])
+@pytest.mark.parametrize("prefill", ["amx", "kernel", "torch"])
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("dims", [(4, 1, 256, 256), (8, 2, 192, 128)])
+def test_a_sink_of_minus_infinity_weighs_nothing(isa, prefill, window, dims):
+    """A sink's logit joins the softmax; at minus infinity it adds nothing (the reference's
+    exp(-inf) = 0), though the kernels start each row's sum from the sink's weight."""
+    ext = extension.load(isa)
+    assert ext is not None
+    run_case(Counting(ext), dims, window, "-inf", prefill=prefill)
 
 
 @pytest.mark.skipif(not AMX, reason="the brgemm kernel runs on AMX CPUs only (this has none)")
