@@ -122,10 +122,7 @@ class Linear(nn.Module):
         rows = x2.shape[0]
         padded = gemm_rows(rows)
         if padded != rows:
-            xp = x2.new_empty((padded, x2.shape[1]))
-            xp[:rows] = x2
-            xp[rows:].zero_()
-            x2 = xp
+            x2 = F.pad(x2, (0, 0, 0, padded - rows))      # zero rows after the asked ones
         if self.w_packed is not None and padded <= PACKED_MAX_ROWS:
             y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), self.w_packed, None,
                                                    "none", [], "")
