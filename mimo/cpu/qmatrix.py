@@ -5,9 +5,9 @@ q/k/v projection whose parts the file stores as Q5_0, Q5_0 and Q8_0). Products q
 activations to 8 bits per block of 32 (llama.cpp's recipe) and take integer dot products
 against the blocks as they are, so mimo computes with exactly the weights llama.cpp does.
 
-On the AVX2 build, Q5_0, Q4_K and Q6_K parts of a multiple of 8 rows are repacked at
-start-up into 8-row tiles (type ids 106 "Q5_0x8", 112 "Q4_Kx8", 114 "Q6_Kx8": the same
-values, the bytes reordered and Q4_K's scales unpacked; the layouts: mimo/cpu/csrc/
+On the AVX2 build, Q5_0, Q8_0, Q4_K and Q6_K parts of a multiple of 8 rows are repacked at
+start-up into 8-row tiles (type ids 106 "Q5_0x8", 108 "Q8_0x8", 112 "Q4_Kx8", 114 "Q6_Kx8":
+the same values, the bytes reordered and Q4_K's scales unpacked; the layouts: mimo/cpu/csrc/
 qrepack.h); `unpacked()` gives the GGUF blocks back.
 
 Where the kernels cannot be loaded (`extension.load()` is None) the same product runs on
@@ -26,10 +26,11 @@ from . import extension
 BLOCKS = {2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           12: (256, 144), 13: (256, 176), 14: (256, 210)}
 NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K",
-         14: "Q6_K", 106: "Q5_0x8", 112: "Q4_Kx8", 114: "Q6_Kx8"}
+         14: "Q6_K", 106: "Q5_0x8", 108: "Q8_0x8", 112: "Q4_Kx8", 114: "Q6_Kx8"}
 # Not GGML's: a GGML type repacked 8 rows a tile, by the type it came from
-REPACKED = {6: 106, 12: 112, 14: 114}
-LAYOUTS = {**BLOCKS, 106: (32, 22), 112: (256, 148), 114: (256, 210)}   # what a QuantPart holds
+REPACKED = {6: 106, 8: 108, 12: 112, 14: 114}
+# what a QuantPart holds
+LAYOUTS = {**BLOCKS, 106: (32, 22), 108: (32, 34), 112: (256, 148), 114: (256, 210)}
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,16 @@ class QuantMatrix:
         """The rows `idx` of W: their products equal those columns of the full product."""
         if len(self.parts) != 1:
             raise ValueError("select_rows takes a single-part matrix")
-        p = self.parts[0].unpacked()
+        p = self.parts[0]
+        if p.qtype in REPACKED.values():
+            # only the tiles holding those rows are unpacked (a head is 262k rows)
+            tile = idx // 8
+            tiles = torch.unique(tile)
+            rb = p.data.shape[1]
+            held = QuantPart(p.data.view(-1, 8 * rb).index_select(0, tiles).view(-1, rb),
+                             p.qtype, p.cols).unpacked()
+            idx = torch.searchsorted(tiles, tile) * 8 + idx % 8
+            p = held
         return QuantMatrix([QuantPart(p.data.index_select(0, idx), p.qtype, p.cols)])
 
     def repacked(self, ext) -> QuantMatrix:

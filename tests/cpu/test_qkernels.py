@@ -128,6 +128,39 @@ def test_topk_ties_go_to_the_lower_index(build):
     assert idx.tolist() == [[5, 517]] and vals[0, 0] == vals[0, 1]
 
 
+@pytest.mark.parametrize("kb", kernel_builds())
+@pytest.mark.parametrize("repack", [False, True])
+def test_products_do_not_depend_on_the_threads(kb, repack):
+    """Threads take runs of weight tiles (top-k: chunks of rows) as they come free, so which
+    thread computes what differs from call to call; no output may. qlinear over a fused
+    projection and top-k over a head-like matrix, with 1 to 5 threads (more than the cores:
+    some stall while the others take their runs), bit for bit against one thread; on the
+    GGUF blocks and on the 8-row tiles' layouts."""
+    rng = np.random.default_rng(11)
+    parts = [random_blocks(6, 520, 640, rng), random_blocks(8, 264, 640, rng),
+             random_blocks(2, 136, 640, rng)]
+    qm, head = QuantMatrix(parts), QuantMatrix([random_blocks(8, 5000, 640, rng)])
+    before = torch.get_num_threads()
+    with kernel_build(kb) as mod:
+        if repack:
+            qm, head = qm.repacked(mod), head.repacked(mod)
+        out: dict = {}
+        try:
+            for threads in (1, 2, 3, 5):
+                torch.set_num_threads(threads)
+                for m in (1, 4):
+                    x = torch.from_numpy(np.random.default_rng(m).standard_normal((m, 640))
+                                         .astype(np.float32))
+                    for _ in range(3):
+                        got = (mod.qlinear(x, [p.data for p in qm.parts],
+                                           [p.qtype for p in qm.parts]),
+                               *mod.qtopk(x, head.parts[0].data, head.parts[0].qtype, 7))
+                        ref = out.setdefault(m, got)
+                        assert all(torch.equal(a, b) for a, b in zip(got, ref)), (threads, m)
+        finally:
+            torch.set_num_threads(before)
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="do not hold rows"):
         QuantPart(torch.zeros(4, 33, dtype=torch.uint8), 8, 32)

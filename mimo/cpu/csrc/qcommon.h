@@ -9,7 +9,7 @@
 namespace mimo_q {
 
 enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-                   Q5_0X8 = 106, Q4_KX8 = 112, Q6_KX8 = 114 };   // not GGML's: 8-row tiles (qrepack.h)
+                   Q5_0X8 = 106, Q8_0X8 = 108, Q4_KX8 = 112, Q6_KX8 = 114 };   // not GGML's: 8-row tiles (qrepack.h)
 
 inline float fp16(const uint8_t* p) {
     uint16_t h;
@@ -29,7 +29,7 @@ inline __m256i bcast4(const int8_t* x) {
 constexpr int block_bytes(int t) {
     switch (t) {
         case Q4_0: return 18; case Q4_1: return 20; case Q5_0: return 22; case Q5_1: return 24;
-        case Q8_0: return 34; case Q5_0X8: return 22; case Q4_K: return 144; case Q4_KX8: return 148; case Q6_KX8: return 210; case Q5_K: return 176; case Q6_K: return 210;
+        case Q8_0: return 34; case Q5_0X8: return 22; case Q8_0X8: return 34; case Q4_K: return 144; case Q4_KX8: return 148; case Q6_KX8: return 210; case Q5_K: return 176; case Q6_K: return 210;
     }
     return 0;
 }

@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,23 @@ Quantized quantize_rows(const torch::Tensor& x) {
 
 constexpr int64_t TILE = 16;          // weight rows per work item (the 512-bit tile's height)
 
+// f(slot, i0, i1) over [0, n) in runs of at most `step` items, each run taken by whichever
+// thread asks next (in increasing order); slot < at::get_num_threads() names the thread
+// that took it. Not an even split up front: on a shared machine one core often runs
+// slower than the other (time stolen, the server's event loop), and an even split then
+// waits for it at the end of every product: a single-stream AVX2 decode step took
+// 20-23 ms split evenly and 17-19 ms taken run by run (docs/speed.md). Each output is
+// still computed by one thread with the same code: the results do not depend on who ran what.
+template <typename F>
+void dynamic_for(int64_t n, int64_t step, const F& f) {
+    std::atomic<int64_t> next{0};
+    at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t s0, int64_t s1) {
+        for (int64_t s = s0; s < s1; ++s)
+            for (int64_t i; (i = next.fetch_add(step, std::memory_order_relaxed)) < n;)
+                f(s, i, std::min(n, i + step));
+    });
+}
+
 void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
     TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
                 "weights must be contiguous uint8 [N, row_bytes] GGUF blocks");
@@ -59,7 +77,7 @@ void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
     TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
     TORCH_CHECK(K % block_elems(t) == 0 && w.size(1) == K / block_elems(t) * bb,
                 "weight rows of ", w.size(1), " bytes do not hold K=", K, " elements of type ", qtype);
-    TORCH_CHECK((t != Q5_0X8 && t != Q4_KX8 && t != Q6_KX8) || w.size(0) % 8 == 0,
+    TORCH_CHECK((t != Q5_0X8 && t != Q8_0X8 && t != Q4_KX8 && t != Q6_KX8) || w.size(0) % 8 == 0,
                 "a repacked weight needs a multiple of 8 rows");
 }
 
@@ -127,8 +145,10 @@ torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& 
     float* yp = y.data_ptr<float>();
     std::vector<int64_t> col{0};
     for (const auto& w : ws) col.push_back(col.back() + w.size(0));
-    // one parallel region over the tiles of every part
-    at::parallel_for(0, first_tile.back(), 1, [&](int64_t t0, int64_t t1) {
+    // one parallel region over the tiles of every part, in runs of 1/8 of a thread's share
+    const int64_t ntiles = first_tile.back();
+    const int64_t run = std::max<int64_t>(1, ntiles / (8 * at::get_num_threads()));
+    dynamic_for(ntiles, run, [&](int64_t, int64_t t0, int64_t t1) {
         for (size_t i = 0; i < ws.size(); ++i) {
             const int64_t a = std::max(t0, first_tile[i]), b = std::min(t1, first_tile[i + 1]);
             if (a >= b) continue;
@@ -217,7 +237,8 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
 }
 
 // The k best columns of x @ W^T per row (scores descending, ties to the lower index),
-// without writing the [M, N] scores: each chunk of weight rows keeps its own candidates.
+// without writing the [M, N] scores: each thread keeps the candidates of the chunks of
+// weight rows it scored, merged at the end.
 std::vector<torch::Tensor> qtopk(const torch::Tensor& x, const torch::Tensor& w, int64_t qtype,
                                  int64_t k) {
     const int64_t K = x.size(1), M = x.size(0), N = w.size(0);
@@ -229,19 +250,18 @@ std::vector<torch::Tensor> qtopk(const torch::Tensor& x, const torch::Tensor& w,
     const int64_t rb = w.size(1);
     constexpr int64_t CH = 1024;                      // weight rows scored per pass
     const int64_t chunks = (N + CH - 1) / CH;
-    const int64_t groups = std::min<int64_t>(chunks, 4 * at::get_num_threads());
-    // cand[g][m]: (score, index) pairs, at most k, of group g
+    const int64_t groups = at::get_num_threads();
+    // cand[g][m]: (score, index) pairs, at most k, of the chunks thread slot g scored
     std::vector<std::vector<std::vector<Cand>>> cand(groups, std::vector<std::vector<Cand>>(M));
-    at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-        std::vector<float> buf(M * CH);
-        for (int64_t g = g0; g < g1; ++g) {
-            const int64_t c0 = chunks * g / groups, c1 = chunks * (g + 1) / groups;
-            for (int64_t c = c0; c < c1; ++c) {
-                const int64_t n0 = c * CH, n1 = std::min(N, n0 + CH);
-                run_rows(t, wp + n0 * rb, rb, 0, n1 - n0, qa.acts, buf.data(), CH);
-                for (int64_t m = 0; m < M; ++m)
-                    offer(cand[g][m], k, buf.data() + m * CH, n1 - n0, n0);
-            }
+    std::vector<std::vector<float>> bufs(groups);
+    dynamic_for(chunks, 1, [&](int64_t g, int64_t c0, int64_t c1) {
+        std::vector<float>& buf = bufs[g];
+        buf.resize(M * CH);
+        for (int64_t c = c0; c < c1; ++c) {
+            const int64_t n0 = c * CH, n1 = std::min(N, n0 + CH);
+            run_rows(t, wp + n0 * rb, rb, 0, n1 - n0, qa.acts, buf.data(), CH);
+            for (int64_t m = 0; m < M; ++m)
+                offer(cand[g][m], k, buf.data() + m * CH, n1 - n0, n0);
         }
     });
     torch::Tensor vals = torch::empty({M, k}, torch::kFloat32);

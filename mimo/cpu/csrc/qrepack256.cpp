@@ -82,6 +82,35 @@ inline void block_q5_0(const uint8_t* b, int64_t j, const QAct* a, int rows, __m
     }
 }
 
+// Q8_0's signed quants by the sign trick (as qkernels.cpp's rows): |w| as u8 against the
+// broadcast activations given w's sign. A vpmaddubsw lane is at most 2 x 128 x 127 = 32,512,
+// so each register's pairs are widened to int32 before they are added: the block's 32
+// products sum exactly in int32, then one float step per block. The registers are loaded
+// (from L1 after the first row) and their magnitudes taken per activation row: held for all
+// rows, the 16 registers of quants and magnitudes spilled (AVX2 has 16).
+inline void block_q8_0(const uint8_t* b, int64_t j, const QAct* a, int rows, __m256* acc) {
+    using L = Layout<Q8_0X8>;
+    const __m256 sw = fp16x8(b + L::SCALES);
+    const uint8_t* q = b + L::QUANTS;
+#pragma GCC unroll 8
+    for (int m = 0; m < rows; ++m) {
+        const int8_t* x = a[m].q + 32 * j;
+        __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; ++k) {
+            const __m256i t = load32(q + 32 * k);
+            const __m256i u = _mm256_sign_epi8(t, t);          // |w|: -128 gives the byte 128
+            const __m256i xs = _mm256_sign_epi8(bcast4(x + 4 * k), t);
+#ifdef MIMO_ISA_VNNI
+            s = _mm256_dpbusd_epi32(s, u, xs);
+#else
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xs), _mm256_set1_epi16(1)));
+#endif
+        }
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(sw, _mm256_set1_ps(a[m].d[j])), acc[m]);
+    }
+}
+
 inline void block_q4_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q4_KX8>;
     const __m256 dv = fp16x8(b + L::D), mv = fp16x8(b + L::DMIN);
@@ -151,6 +180,7 @@ void tiles(const uint8_t* w, int64_t rb, int64_t n0, int64_t n1, const QAct* a, 
                     _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
             const uint8_t* b = tile + L::BLOCK * i;
             if constexpr (T == Q5_0X8) block_q5_0(b, i, a, rows, acc);
+            if constexpr (T == Q8_0X8) block_q8_0(b, i, a, rows, acc);
             if constexpr (T == Q4_KX8) block_q4_k(b, i, a, rows, acc);
             if constexpr (T == Q6_KX8) block_q6_k(b, i, a, rows, acc);
         }
@@ -172,6 +202,7 @@ TilesFn pick(int M) {
 TilesFn tiles_fn(int qtype, int M) {
     switch (qtype) {
         case Q5_0X8: return pick<Q5_0X8>(M);
+        case Q8_0X8: return pick<Q8_0X8>(M);
         case Q4_KX8: return pick<Q4_KX8>(M);
         case Q6_KX8: return pick<Q6_KX8>(M);
     }

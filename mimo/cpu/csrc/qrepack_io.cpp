@@ -68,6 +68,11 @@ void move(uint8_t* blk, uint8_t* d, int r, bool back) {
             put(blk + 6 + e % 16, n, e < 16 ? 0 : 4);
         }
         std::memcpy(blk + 2, &qh, 4);
+    } else if constexpr (T == Q8_0X8) {
+        if (!back) std::memcpy(d + L::SCALES + 2 * r, blk, 2); else std::memcpy(blk, d + L::SCALES + 2 * r, 2);
+        for (int e = 0; e < 32; ++e) {
+            if (!back) d[L::QUANTS + lane(r, e)] = blk[2 + e]; else blk[2 + e] = d[L::QUANTS + lane(r, e)];
+        }
     } else if constexpr (T == Q4_KX8) {
         uint8_t sc[8], m[8];
         if (!back) {
@@ -153,6 +158,7 @@ torch::Tensor run(const torch::Tensor& w, bool back) {
 torch::Tensor dispatch(const torch::Tensor& w, int64_t qtype, bool back) {
     switch (repacked(static_cast<int>(qtype))) {
         case Q5_0X8: return run<Q5_0X8>(w, back);
+        case Q8_0X8: return run<Q8_0X8>(w, back);
         case Q4_KX8: return run<Q4_KX8>(w, back);
         case Q6_KX8: return run<Q6_KX8>(w, back);
     }
