@@ -29,6 +29,7 @@ NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: 
          14: "Q6_K", 106: "Q5_0x8", 108: "Q8_0x8", 112: "Q4_Kx8", 114: "Q6_Kx8"}
 # Not GGML's: a GGML type repacked 8 rows a tile, by the type it came from
 REPACKED = {6: 106, 8: 108, 12: 112, 14: 114}
+TILE_ROWS = 8         # weight rows per tile of a repacked layout (qrepack.h's ROWS)
 # what a QuantPart holds
 LAYOUTS = {**BLOCKS, 106: (32, 22), 108: (32, 34), 112: (256, 148), 114: (256, 210)}
 
@@ -49,7 +50,7 @@ class QuantPart:
                 or self.data.shape[1] != self.cols // elems * nbytes:
             raise ValueError(f"{NAMES[self.qtype]} blocks of shape {tuple(self.data.shape)} "
                              f"do not hold rows of {self.cols} elements")
-        if self.qtype in REPACKED.values() and self.rows % 8:
+        if self.qtype in REPACKED.values() and self.rows % TILE_ROWS:
             raise ValueError(f"{NAMES[self.qtype]} blocks need a multiple of 8 rows, "
                              f"not {self.rows}")
 
@@ -60,7 +61,7 @@ class QuantPart:
     def repacked(self, ext) -> QuantPart:
         """This part in the kernels' repacked layout where `ext` (a kernel build) has one
         for its type and shape; else itself."""
-        if self.qtype in REPACKED and self.rows % 8 == 0:
+        if self.qtype in REPACKED and self.rows % TILE_ROWS == 0:
             return QuantPart(ext.repack_x8(self.data, self.qtype), REPACKED[self.qtype], self.cols)
         return self
 
@@ -128,12 +129,12 @@ class QuantMatrix:
         p = self.parts[0]
         if p.qtype in REPACKED.values():
             # only the tiles holding those rows are unpacked (a head is 262k rows)
-            tile = idx // 8
+            tile = idx // TILE_ROWS
             tiles = torch.unique(tile)
             rb = p.data.shape[1]
-            held = QuantPart(p.data.view(-1, 8 * rb).index_select(0, tiles).view(-1, rb),
+            held = QuantPart(p.data.view(-1, TILE_ROWS * rb).index_select(0, tiles).view(-1, rb),
                              p.qtype, p.cols).unpacked()
-            idx = torch.searchsorted(tiles, tile) * 8 + idx % 8
+            idx = torch.searchsorted(tiles, tile) * TILE_ROWS + idx % TILE_ROWS
             p = held
         return QuantMatrix([QuantPart(p.data.index_select(0, idx), p.qtype, p.cols)])
 

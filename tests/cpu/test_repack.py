@@ -19,7 +19,7 @@ from helpers.qblocks import (
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
-from mimo.cpu.qmatrix import NAMES, REPACKED, QuantMatrix, QuantPart
+from mimo.cpu.qmatrix import BLOCKS, NAMES, REPACKED, QuantMatrix, QuantPart
 
 Q4_0, Q5_0, Q8_0, Q4_K, Q6_K = 2, 6, 8, 12, 14
 
@@ -38,7 +38,7 @@ def ext(request, monkeypatch):
 # rows taking each loop (1-4 and 8 their own, 5 the general one, 9 and 17: 8 + the rest)
 SHAPES = [(8, 1, 1), (16, 20, 1), (24, 3, 2), (64, 20, 3), (40, 5, 4), (8, 10, 5),
           (32, 20, 8), (48, 2, 9), (64, 20, 17)]        # (rows, blocks of 32, activation rows)
-CASES = [(qt, r, 32 * b if qt in (Q5_0, Q8_0) else 256 * max(1, b // 4), m)
+CASES = [(qt, r, 32 * b if BLOCKS[qt][0] == 32 else 256 * max(1, b // 4), m)
          for qt in REPACKED for r, b, m in SHAPES]
 
 
@@ -68,7 +68,7 @@ def test_extreme_quants_do_not_overflow(ext, qtype, sign):
     for Q8_0) meet their largest values here."""
     rng = np.random.default_rng(5)
     part = random_blocks(qtype, 16, 512, rng)
-    nbytes = part.data.shape[1] // (512 // (32 if qtype in (Q5_0, Q8_0) else 256))
+    nbytes = part.data.shape[1] // (512 // BLOCKS[qtype][0])
     raw = part.data.numpy().reshape(-1, nbytes).copy()
     fp16 = np.zeros(nbytes, dtype=bool)
     for off in FP16_FIELDS[qtype]:

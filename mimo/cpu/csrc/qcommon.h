@@ -33,6 +33,8 @@ constexpr int block_bytes(int t) {
     }
     return 0;
 }
+// The 8-row tiles' types (qrepack.h): weights of a multiple of 8 rows only.
+constexpr bool is_x8(int t) { return t == Q5_0X8 || t == Q8_0X8 || t == Q4_KX8 || t == Q6_KX8; }
 constexpr int block_elems(int t) { return (t == Q4_K || t == Q5_K || t == Q6_K || t == Q4_KX8 || t == Q6_KX8) ? 256 : 32; }
 
 // One activation row quantized per block of 32: int8 quants, float scale d, d * sum(quants)

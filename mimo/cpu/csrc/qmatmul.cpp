@@ -77,7 +77,7 @@ void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
     TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
     TORCH_CHECK(K % block_elems(t) == 0 && w.size(1) == K / block_elems(t) * bb,
                 "weight rows of ", w.size(1), " bytes do not hold K=", K, " elements of type ", qtype);
-    TORCH_CHECK((t != Q5_0X8 && t != Q8_0X8 && t != Q4_KX8 && t != Q6_KX8) || w.size(0) % 8 == 0,
+    TORCH_CHECK(!is_x8(t) || w.size(0) % 8 == 0,
                 "a repacked weight needs a multiple of 8 rows");
 }
 
