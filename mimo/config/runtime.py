@@ -165,9 +165,9 @@ class RuntimeConfig:
     # int8 GEMM; opt-in, and refused under compile=on, whose graphs trace the dense GEMM) or
     # 'auto' (dense: engine/prefill_matmul.py says why).
     prefill_matmul: str = "auto"
-    # gguf and q8_0 weights in the layout the kernel build multiplies fastest: 'auto' (the AVX2
-    # build's Q5_0, Q8_0, Q4_K and Q6_K parts repacked 8 rows a tile, cpu/csrc/qrepack.h; the same
-    # values) or 'off' (the GGUF's blocks as stored).
+    # gguf and q8_0 weights in the layout the kernel build multiplies fastest: 'auto' (the types
+    # cpu/qmatrix.py's repack_types names for the build repacked 8 rows a tile, cpu/csrc/
+    # qrepack.h; the same values) or 'off' (the GGUF's blocks as stored).
     repack: str = "auto"
 
     def __post_init__(self):

@@ -5,10 +5,10 @@ q/k/v projection whose parts the file stores as Q5_0, Q5_0 and Q8_0). Products q
 activations to 8 bits per block of 32 (llama.cpp's recipe) and take integer dot products
 against the blocks as they are, so mimo computes with exactly the weights llama.cpp does.
 
-On the AVX2 build, Q5_0, Q8_0, Q4_K and Q6_K parts of a multiple of 8 rows are repacked at
-start-up into 8-row tiles (type ids 106 "Q5_0x8", 108 "Q8_0x8", 112 "Q4_Kx8", 114 "Q6_Kx8":
-the same values, the bytes reordered and Q4_K's scales unpacked; the layouts: mimo/cpu/csrc/
-qrepack.h); `unpacked()` gives the GGUF blocks back.
+Parts of a multiple of 8 rows may be repacked at start-up into 8-row tiles (type ids 106
+"Q5_0x8", 108 "Q8_0x8", 112 "Q4_Kx8", 114 "Q6_Kx8": the same values, the bytes reordered and
+Q4_K's scales unpacked; the layouts: mimo/cpu/csrc/qrepack.h), the types `repack_types`
+names for the kernel build; `unpacked()` gives the GGUF blocks back.
 
 Where the kernels cannot be loaded (`extension.load()` is None) the same product runs on
 the plain PyTorch path: the blocks dequantized once (by the `gguf` package) to float32.
@@ -30,6 +30,23 @@ NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: 
 # Not GGML's: a GGML type repacked 8 rows a tile, by the type it came from
 REPACKED = {6: 106, 8: 108, 12: 112, 14: 114}
 TILE_ROWS = 8         # weight rows per tile of a repacked layout (qrepack.h's ROWS)
+
+
+def repack_types(kernels: str) -> frozenset[int]:
+    """The GGML types the kernel build `kernels` (extension.label) multiplies faster in 8-row
+    tiles than as stored (docs/cpu_kernels.md, "The layouts per build"):
+    - avx2: all four; its tiles on the GGUF blocks gather and transpose every block;
+    - avx512-vnni (no AMX tiles in use): Q5_0, Q4_K and Q6_K, 1.4-1.6x on one activation row
+      and faster at 16, its prefill GEMM reading the tiles as well; Q8_0 stays as stored,
+      where the 512-bit tiles read the tied head faster (3.3 against 4.2 ms a row);
+    - avx512-vnni+amx: none; 16-row batches run on AMX-INT8 tiles over the GGUF blocks."""
+    if kernels == "avx2":
+        return frozenset(REPACKED)
+    if kernels == "avx512-vnni":
+        return frozenset({6, 12, 14})
+    return frozenset()
+
+
 # what a QuantPart holds
 LAYOUTS = {**BLOCKS, 106: (32, 22), 108: (32, 34), 112: (256, 148), 114: (256, 210)}
 
@@ -58,10 +75,10 @@ class QuantPart:
     def rows(self) -> int:
         return self.data.shape[0]
 
-    def repacked(self, ext) -> QuantPart:
-        """This part in the kernels' repacked layout where `ext` (a kernel build) has one
-        for its type and shape; else itself."""
-        if self.qtype in REPACKED and self.rows % TILE_ROWS == 0:
+    def repacked(self, ext, types: frozenset[int] = frozenset(REPACKED)) -> QuantPart:
+        """This part in the repacked layout (by `ext`, a kernel build) where its type is one
+        of `types` and its rows fill whole tiles; else itself."""
+        if self.qtype in types and self.rows % TILE_ROWS == 0:
             return QuantPart(ext.repack_x8(self.data, self.qtype), REPACKED[self.qtype], self.cols)
         return self
 
@@ -138,9 +155,9 @@ class QuantMatrix:
             p = held
         return QuantMatrix([QuantPart(p.data.index_select(0, idx), p.qtype, p.cols)])
 
-    def repacked(self, ext) -> QuantMatrix:
-        """The same matrix with each part in `ext`'s repacked layout where it has one."""
-        return QuantMatrix([p.repacked(ext) for p in self.parts])
+    def repacked(self, ext, types: frozenset[int] = frozenset(REPACKED)) -> QuantMatrix:
+        """The same matrix with the parts of `types` in the repacked layout."""
+        return QuantMatrix([p.repacked(ext, types) for p in self.parts])
 
     def topk(self, x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(scores, columns) [M, k] of the k best columns of each row of x [M, K], best first,

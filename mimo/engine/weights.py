@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from ..config import RuntimeConfig
 from ..cpu import decode_ops, extension
 from ..cpu.features import cpu_info
+from ..cpu.qmatrix import repack_types
 from ..models.quantized import QuantReport, quantize_q8_0, repack_blocks, use_gguf_blocks
 from ..models.registry import LoadedModel
 from . import prefill_matmul
@@ -40,8 +41,8 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
     kernels = extension.label(ext) if ext is not None and report is not None else "torch"
-    if kernels == "avx2" and rt.repack == "auto":
-        report = repack_blocks(model, ext)
+    if report is not None and rt.repack == "auto" and repack_types(kernels):
+        report = repack_blocks(model, ext, repack_types(kernels))
     fused = 0
     if report is not None and rt.fused_decode == "auto" and hasattr(model, "fuse_decode"):
         ops = decode_ops.load()

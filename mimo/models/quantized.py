@@ -57,12 +57,12 @@ def use_gguf_blocks(model: nn.Module, blocks: dict[str, QuantPart]) -> QuantRepo
     return _report(model)
 
 
-def repack_blocks(model: nn.Module, ext) -> QuantReport:
-    """Every Linear's blocks in the layout the kernel build `ext` multiplies fastest where it
-    has one (the AVX2 build: Q5_0, Q8_0, Q4_K and Q6_K in 8-row tiles); the same values, reordered."""
+def repack_blocks(model: nn.Module, ext, types: frozenset[int]) -> QuantReport:
+    """Every Linear's blocks of `types` (mimo.cpu.qmatrix.repack_types) in 8-row tiles, by
+    the kernel build `ext`; the same values, reordered."""
     for m in model.modules():
         if isinstance(m, Linear) and m.qweight is not None:
-            m.qweight = m.qweight.repacked(ext)
+            m.qweight = m.qweight.repacked(ext, types)
     return _report(model)
 
 

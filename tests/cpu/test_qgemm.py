@@ -5,7 +5,9 @@ build, which has no GEMM of its own and answers with qlinear, too) and the fallb
 
 Odd row counts (17 = 2 x 8 + 1, 33, 100, 257), weight rows that fill no 16-row tile, K up to
 2048 (whose packed activations are split into several chunks of rows) and few tiles with
-many rows (each tile's row groups split between threads) take every loop of the GEMM."""
+many rows (each tile's row groups split between threads) take every loop of the GEMM.
+Weights repacked in 8-row tiles (which the VNNI build's GEMM reads two tiles at a time)
+are checked the same way, with row counts that end on half a 16-row tile."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,7 +23,7 @@ from helpers.qblocks import (
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
-from mimo.cpu.qmatrix import BLOCKS, NAMES, QuantMatrix
+from mimo.cpu.qmatrix import BLOCKS, NAMES, REPACKED, QuantMatrix
 
 KERNEL_BUILDS = kernel_builds()
 
@@ -82,6 +84,44 @@ def test_qgemm_matches_float64_and_qlinear(build, qtype, n, k, m):
     _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [part]))
 
 
+# (type, weight rows, K, activation rows): rows a multiple of 8, 24 and 40 ending on half a
+# 16-row tile; K = 2048 with 257 rows: several chunks of packed activation rows
+X8_CASES = [(qt, n, k, m) for qt in REPACKED
+            for n, k, m in zip((24, 40, 48),
+                               (512, 2048, 768) if BLOCKS[qt][0] == 256 else (640, 2048, 96),
+                               (17, 257, 100))]
+
+
+@pytest.fixture(params=KERNEL_BUILDS)
+def kernels(request, monkeypatch):
+    """(isa, module) of each kernel build (the fallback has no repacked layout)."""
+    with kernel_build(request.param) as mod:
+        monkeypatch.setattr(extension, "load", lambda isa=None, m=mod: m)
+        yield request.param, mod
+
+
+@pytest.mark.parametrize("qtype,n,k,m", X8_CASES,
+                         ids=[f"{NAMES[c[0]]}x8-{c[1]}x{c[2]}-m{c[3]}" for c in X8_CASES])
+def test_qgemm_on_repacked_tiles(kernels, qtype, n, k, m):
+    isa, mod = kernels
+    rng = np.random.default_rng(qtype * 977 + n + m)
+    part = random_blocks(qtype, n, k, rng)
+    packed = part.repacked(mod)
+    assert packed.qtype == REPACKED[qtype]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[m // 3, 32:64] = 0.0                              # an all-zero activation block
+    w = ref_weights(part)
+    y = QuantMatrix([packed]).matmul(torch.from_numpy(x))
+    y64 = y.numpy().astype(np.float64)
+    assert_within_rounding_bound(y64, x, w)
+    assert_matches_quantized_product(y64, x, w)
+    _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [packed]))
+    # the same values as the GGUF blocks' own GEMM, up to the float sums' order
+    y_gguf = QuantMatrix([part]).matmul(torch.from_numpy(x))
+    np.testing.assert_allclose(y.numpy(), y_gguf.numpy(), rtol=1e-5,
+                               atol=1e-5 * float(y_gguf.abs().max()))
+
+
 def test_mixed_parts_and_few_tiles(build):
     """A fused projection of four types (one tile each or less: row groups split between
     threads), then one Q5_0 part of 3 tiles at 257 rows."""
@@ -101,6 +141,12 @@ def test_mixed_parts_and_few_tiles(build):
     if mod is not None:
         _check_rows(isa, y, _qlinear_by_rows(mod, x, parts))
         _check_rows(isa, QuantMatrix(one).matmul(x1), _qlinear_by_rows(mod, x1, one))
+        # repacked parts beside one kept as stored (the VNNI build keeps Q8_0 so)
+        mixed = QuantMatrix(parts).repacked(mod, frozenset({6, 12, 14}))
+        assert [p.qtype for p in mixed.parts] == [106, 8, 14, 12]   # 3 and 17 rows: kept
+        ym = mixed.matmul(x)
+        _check_rows(isa, ym, _qlinear_by_rows(mod, x, mixed.parts))
+        np.testing.assert_allclose(ym.numpy(), y.numpy(), rtol=1e-5, atol=1e-5 * float(y.abs().max()))
 
 
 @pytest.mark.parametrize("isa", [i for i in ISAS if cpu_info().supports(i)])

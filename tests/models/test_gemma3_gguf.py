@@ -170,18 +170,42 @@ def test_avx2_repacked_blocks_agree_with_transformers(gemma_loaded, reference, m
     assert {"Q5_0", "Q4_K", "Q6_K"} <= types and not {"Q5_0x8", "Q4_Kx8", "Q6_Kx8"} & types
 
 
-def test_gguf_plain_layers_agree_at_the_default_margin(gemma_loaded, reference):
+def test_vnni_repacked_layers_agree_with_transformers(gemma_loaded, reference, monkeypatch):
+    """The AVX-512 VNNI build with its AMX tiles off (a CPU without AMX) repacks the layers'
+    Q5_0, Q4_K and Q6_K weights into 8-row tiles and keeps the Q8_0 head as stored; in
+    bfloat16 its prefill runs on the blocks' GEMM, which reads the tiles two at a time: the
+    float32 reference's greedy tokens as the GGUF kernels test holds them."""
+    from mimo import LLM
+    from mimo.cpu.features import cpu_info
+    if not cpu_info().supports("avx512-vnni"):
+        pytest.skip("this CPU runs no AVX-512 VNNI build")
+    monkeypatch.setenv("MIMO_CPU_ISA", "avx512-vnni")
+    monkeypatch.setenv("MIMO_CPU_AMX", "off")
+    llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, quantize="gguf",
+              dtype="bfloat16", kv_cache_memory="256MiB")
+    w = llm.engine.weights
+    types = set(w.report.types)
+    assert w.kernels == "avx512-vnni" and w.prefill == "blocks"
+    assert {"Q5_0x8", "Q4_Kx8", "Q6_Kx8", "Q8_0"} <= types
+    assert not {"Q5_0", "Q4_K", "Q6_K", "Q8_0x8"} & types
+    assert _agree(llm, reference, KERNEL_MARGIN, True) >= STEPS
+    assert _agree(llm, reference, KERNEL_MARGIN, False) >= STEPS
+    llm.engine.check_integrity()
+
+
+def test_gguf_plain_layers_agree_with_transformers(gemma_loaded, reference):
     """The same blocks through the plain (unfused) layers, float32: the reference's greedy
-    tokens up to its first step with a top-2 margin below 0.1 (DEFAULT_MARGIN), batched and
-    one prompt at a time. The fused layers' float32 rounding differs from torch's and moves
-    an int8 activation now and then, which flips a 0.135-margin step of prompt 1 (docs/
-    cpu_kernels.md); the plain layers hold the tighter rule on these prompts."""
+    tokens as the GGUF kernels test holds them (KERNEL_MARGIN), batched and one prompt at a
+    time. Not the 0.1 rule: on an AMD EPYC (Zen 4) the long prompt, asked again after the
+    batched pass cached its KV, left the reference at a step whose margin is 0.28 (its last
+    token then runs as a one-row product on 8-bit activations, not in the float32 prefill);
+    the fused layers move steps of up to 0.46 (see KERNEL_MARGIN)."""
     from mimo import LLM
     llm = LLM("gemma-3-270m", progress=False, loaded=gemma_loaded, quantize="gguf",
               dtype="float32", kv_cache_memory="256MiB", fused_decode="off")
     assert llm.engine.weights.format == "gguf" and llm.engine.weights.fused_layers == 0
-    assert _agree(llm, reference, DEFAULT_MARGIN, True) >= STEPS
-    assert _agree(llm, reference, DEFAULT_MARGIN, False) >= STEPS
+    assert _agree(llm, reference, KERNEL_MARGIN, True) >= STEPS
+    assert _agree(llm, reference, KERNEL_MARGIN, False) >= STEPS
     llm.engine.check_integrity()
 
 

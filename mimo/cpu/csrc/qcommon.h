@@ -9,7 +9,7 @@
 namespace mimo_q {
 
 enum QType : int { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14,
-                   Q5_0X8 = 106, Q8_0X8 = 108, Q4_KX8 = 112, Q6_KX8 = 114 };   // not GGML's: 8-row tiles (qrepack.h)
+                   Q5_0X8 = 106, Q8_0X8 = 108, Q4_KX8 = 112, Q6_KX8 = 114 };   // not GGML's: 8-row tiles (qrepack.h), GGML's id + 100
 
 inline float fp16(const uint8_t* p) {
     uint16_t h;
@@ -35,6 +35,8 @@ constexpr int block_bytes(int t) {
 }
 // The 8-row tiles' types (qrepack.h): weights of a multiple of 8 rows only.
 constexpr bool is_x8(int t) { return t == Q5_0X8 || t == Q8_0X8 || t == Q4_KX8 || t == Q6_KX8; }
+// The GGML type whose values a type holds (itself, or the one an 8-row tile type reorders).
+constexpr int ggml_type(int t) { return is_x8(t) ? t - 100 : t; }
 constexpr int block_elems(int t) { return (t == Q4_K || t == Q5_K || t == Q6_K || t == Q4_KX8 || t == Q6_KX8) ? 256 : 32; }
 
 // One activation row quantized per block of 32: int8 quants, float scale d, d * sum(quants)

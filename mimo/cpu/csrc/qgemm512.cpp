@@ -7,7 +7,14 @@
 // bytes: 22 K bytes a tile, 45 KB at K = 2048), and every group of GEMM_ROWS activation
 // rows then runs against it with its accumulators in registers. The per-row arithmetic is
 // the decode tiles' own (row_dot), so each row's result equals theirs bit for bit.
+//
+// Weights repacked in 8-row tiles (qrepack.h; the VNNI build repacks its layer weights on a
+// CPU without AMX, mimo/cpu/qmatrix.py) are decoded two tiles side by side into the same
+// scratch: their registers are already transposed, so a 16-row register is two 8-row ones
+// joined, and the same groups run against it. Integer sums are exact and the float steps
+// are those of the 8-row tiles (qrepack256.cpp), so rows equal `qlinear`'s on them too.
 #include "qdecode512.h"
+#include "qrepack_regs.h"
 
 #ifdef MIMO_ISA_VNNI
 #include <algorithm>
@@ -39,6 +46,71 @@ void decode_tile(const Tile& r, int64_t nb, const char* next, int64_t lines, Sub
             s.s1 = s1;
             s.mn = mn;
         });
+    }
+}
+
+inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+inline __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+// 8 fp16 at a (rows 0-7) and 8 at b (rows 8-15) as floats
+inline __m512 halves16(const uint8_t* a, const uint8_t* b) {
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(load16(a)), load16(b), 1));
+}
+// 8 bytes at a and 8 at b, unsigned or signed, as floats
+inline __m128i bytes16(const uint8_t* a, const uint8_t* b) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a)),
+                              _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+}
+inline __m512 u8x16(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes16(a, b))); }
+inline __m512 i8x16(const uint8_t* a, const uint8_t* b) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes16(a, b))); }
+
+// The same for two 8-row tiles of repacked type X at r.p (rows 0-7) and r.p + 8 rb (8-15).
+template <int X>
+void decode_x8(const Tile& r, int64_t nb, const char* next, int64_t lines, Sub* out) {
+    using L = x8::Layout<X>;
+    const uint8_t* A = r.p;
+    const uint8_t* B = r.p + 8 * r.rb;
+    __m256i ta[8], tb[8];
+    for (int64_t ib = 0; ib < nb; ++ib) {
+        for (int64_t l = lines * ib / nb; l < lines * (ib + 1) / nb; ++l)
+            _mm_prefetch(next + 64 * l, _MM_HINT_T0);
+        const uint8_t* a = A + L::BLOCK * ib;
+        const uint8_t* b = B + L::BLOCK * ib;
+        if constexpr (X == Q5_0X8 || X == Q8_0X8) {
+            Sub& o = out[ib];
+            if constexpr (X == Q5_0X8) {
+                x8::q5_0_regs(a, ta);
+                x8::q5_0_regs(b, tb);
+            }
+            for (int k = 0; k < 8; ++k) {
+                if constexpr (X == Q5_0X8) o.t[k] = join(ta[k], tb[k]);
+                else o.t[k] = _mm512_xor_si512(join(x8::load32(a + L::QUANTS + 32 * k), x8::load32(b + L::QUANTS + 32 * k)),
+                                               _mm512_set1_epi8(-128));     // q + 128
+            }
+            o.s0 = o.s1 = o.mn = halves16(a + L::SCALES, b + L::SCALES);
+        } else if constexpr (X == Q4_KX8) {
+            const __m512 d = halves16(a + L::D, b + L::D), dmin = halves16(a + L::DMIN, b + L::DMIN);
+            for (int s = 0; s < 8; ++s) {
+                Sub& o = out[8 * ib + s];
+                x8::nibble_regs(a + L::NIBBLES, s, ta);
+                x8::nibble_regs(b + L::NIBBLES, s, tb);
+                for (int k = 0; k < 8; ++k) o.t[k] = join(ta[k], tb[k]);
+                o.s0 = o.s1 = _mm512_mul_ps(d, u8x16(a + L::SC + 8 * s, b + L::SC + 8 * s));
+                o.mn = _mm512_mul_ps(dmin, u8x16(a + L::MINS + 8 * s, b + L::MINS + 8 * s));
+            }
+        } else if constexpr (X == Q6_KX8) {
+            const __m512 d = halves16(a + L::D, b + L::D);
+            for (int s = 0; s < 8; ++s) {
+                Sub& o = out[8 * ib + s];
+                x8::q6_k_regs(a, s, ta);
+                x8::q6_k_regs(b, s, tb);
+                for (int k = 0; k < 8; ++k) o.t[k] = join(ta[k], tb[k]);
+                o.s0 = _mm512_mul_ps(d, i8x16(a + L::SC + 16 * s, b + L::SC + 16 * s));
+                o.s1 = _mm512_mul_ps(d, i8x16(a + L::SC + 16 * s + 8, b + L::SC + 16 * s + 8));
+                o.mn = d;
+            }
+        }
     }
 }
 
@@ -94,6 +166,8 @@ struct Kernels {
 
 template <int T>
 Kernels kernels() { return {decode_tile<T>, run_group<T, GEMM_ROWS>, run_group<T, 0>}; }
+template <int X>       // the 8-row tiles' decoding, then the GGUF type's arithmetic
+Kernels kernels_x8() { return {decode_x8<X>, run_group<ggml_type(X), GEMM_ROWS>, run_group<ggml_type(X), 0>}; }
 
 Kernels kernels_of(int t) {
     switch (t) {
@@ -101,6 +175,8 @@ Kernels kernels_of(int t) {
         case Q5_0: return kernels<Q5_0>(); case Q5_1: return kernels<Q5_1>();
         case Q8_0: return kernels<Q8_0>(); case Q4_K: return kernels<Q4_K>();
         case Q5_K: return kernels<Q5_K>(); case Q6_K: return kernels<Q6_K>();
+        case Q5_0X8: return kernels_x8<Q5_0X8>(); case Q8_0X8: return kernels_x8<Q8_0X8>();
+        case Q4_KX8: return kernels_x8<Q4_KX8>(); case Q6_KX8: return kernels_x8<Q6_KX8>();
     }
     return {nullptr, nullptr, nullptr};
 }

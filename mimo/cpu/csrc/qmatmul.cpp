@@ -189,7 +189,7 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
     std::vector<int> keys;
     for (size_t i = 0; i < ws.size(); ++i) {
         const int t = static_cast<int>(qtypes[i]);
-        const int key = 2 * offset(t) + (t == Q6_K);
+        const int key = 2 * offset(t) + (ggml_type(t) == Q6_K);
         auto it = std::find(keys.begin(), keys.end(), key);
         key_of[i] = static_cast<int>(it - keys.begin());
         if (it != keys.end()) continue;
@@ -201,7 +201,7 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
         at::parallel_for(0, ng, 1, [&](int64_t g0, int64_t g1) {
             for (int64_t j = g0; j < g1; ++j) {
                 const int rows = static_cast<int>(std::min(R, M - j * R));
-                pack(qa.acts.data() + j * R, rows, offset(t), t == Q6_K, p[j]);
+                pack(qa.acts.data() + j * R, rows, offset(t), ggml_type(t) == Q6_K, p[j]);
                 g[j] = RowGroup{p[j].view(), rows, j * R};
             }
         });

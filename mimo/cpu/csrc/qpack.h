@@ -51,8 +51,8 @@ inline void pack(const QAct* a, int M, int off, bool halves, Packed& p) {
         }
 }
 
-inline int offset(int t) {
-    switch (t) {
+inline int offset(int t) {      // a GGML type's, or that of the one an 8-row tile type reorders
+    switch (ggml_type(t)) {
         case Q8_0: return OFF<Q8_0>; case Q4_0: return OFF<Q4_0>; case Q5_0: return OFF<Q5_0>;
         case Q6_K: return OFF<Q6_K>;
     }

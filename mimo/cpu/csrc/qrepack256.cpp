@@ -4,17 +4,16 @@
 // conversions and two or three float ops, one int32 lane per weight row. Unsigned quants
 // (Q5_0: q + 16, Q6_K: q + 32) give back the offset as offset * sum(x) from the
 // activations' half-block sums. Built in both builds (the VNNI one dots with vpdpbusd);
-// only the AVX2 build's weights are repacked (mimo/models/quantized.py).
+// which types each build repacks: mimo/cpu/qmatrix.py, repack_types.
 #include <algorithm>
 
-#include "qrepack.h"
+#include "qrepack_regs.h"
 
 namespace mimo_q {
 namespace {
 
 using namespace x8;
 
-inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256 fp16x8(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
@@ -44,34 +43,11 @@ inline __m256i dot4(const __m256i* T, const int8_t* x) {
 #endif
 }
 
-// Sub-block s's 8 registers of nibbles (pairs of sub-blocks share a register set).
-inline void nibbles(const uint8_t* n, int s, __m256i* T) {
-    const __m256i LO = _mm256_set1_epi8(0x0F);
-    for (int k = 0; k < 8; ++k) {
-        const __m256i v = load32(n + 256 * (s / 2) + 32 * k);
-        T[k] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(v, 4) : v, LO);
-    }
-}
-
 inline void block_q5_0(const uint8_t* b, int64_t j, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q5_0X8>;
-    const __m256i LO = _mm256_set1_epi8(0x0F), b4 = _mm256_set1_epi8(0x10);
     const __m256 sw = fp16x8(b + L::SCALES);
-    const __m256i H = load32(b + L::BITS);
     __m256i T[8];
-    for (int i = 0; i < 4; ++i) {
-        const __m256i n = load32(b + L::NIBBLES + 32 * i);
-        T[i] = _mm256_and_si256(n, LO);
-        T[i + 4] = _mm256_and_si256(_mm256_srli_epi16(n, 4), LO);
-    }
-    T[0] = _mm256_or_si256(T[0], _mm256_and_si256(_mm256_slli_epi16(H, 4), b4));
-    T[1] = _mm256_or_si256(T[1], _mm256_and_si256(_mm256_slli_epi16(H, 3), b4));
-    T[2] = _mm256_or_si256(T[2], _mm256_and_si256(_mm256_slli_epi16(H, 2), b4));
-    T[3] = _mm256_or_si256(T[3], _mm256_and_si256(_mm256_slli_epi16(H, 1), b4));
-    T[4] = _mm256_or_si256(T[4], _mm256_and_si256(H, b4));
-    T[5] = _mm256_or_si256(T[5], _mm256_and_si256(_mm256_srli_epi16(H, 1), b4));
-    T[6] = _mm256_or_si256(T[6], _mm256_and_si256(_mm256_srli_epi16(H, 2), b4));
-    T[7] = _mm256_or_si256(T[7], _mm256_and_si256(_mm256_srli_epi16(H, 3), b4));
+    q5_0_regs(b, T);
 #pragma GCC unroll 8
     for (int m = 0; m < rows; ++m) {
         const int8_t* x = a[m].q + 32 * j;
@@ -116,7 +92,7 @@ inline void block_q4_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __
     const __m256 dv = fp16x8(b + L::D), mv = fp16x8(b + L::DMIN);
     for (int s = 0; s < 8; ++s) {
         __m256i T[8];
-        nibbles(b + L::NIBBLES, s, T);
+        nibble_regs(b + L::NIBBLES, s, T);
         const __m256 sc = _mm256_mul_ps(dv, u8x8(b + L::SC + 8 * s));
         const __m256 mn = _mm256_mul_ps(mv, u8x8(b + L::MINS + 8 * s));
         const int64_t j = 8 * ib + s;
@@ -132,17 +108,10 @@ inline void block_q4_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __
 
 inline void block_q6_k(const uint8_t* b, int64_t ib, const QAct* a, int rows, __m256* acc) {
     using L = Layout<Q6_KX8>;
-    const __m256i hi = _mm256_set1_epi8(0x30);
     const __m256 dv = fp16x8(b + L::D);
     for (int s = 0; s < 8; ++s) {
         __m256i T[8];
-        nibbles(b + L::NIBBLES, s, T);
-        const int q = s % 4;                     // its 2 bits at 2q: moved to bits 4-5
-        for (int k = 0; k < 8; ++k) {
-            const __m256i h = load32(b + L::HIGH + 256 * (s / 4) + 32 * k);
-            const __m256i at = q < 2 ? _mm256_slli_epi16(h, 4 - 2 * q) : q == 2 ? h : _mm256_srli_epi16(h, 2);
-            T[k] = _mm256_or_si256(T[k], _mm256_and_si256(at, hi));
-        }
+        q6_k_regs(b, s, T);
         const __m256 s0 = _mm256_mul_ps(dv, i8x8(b + L::SC + 16 * s));
         const __m256 s1 = _mm256_mul_ps(dv, i8x8(b + L::SC + 16 * s + 8));
         const int64_t j = 8 * ib + s;
