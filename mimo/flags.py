@@ -76,9 +76,9 @@ def _model_flags(g: argparse._ArgumentGroup) -> None:
                         "triton unless the model's decode reads back to the host (MoE)")
     g.add_argument("--repack", default="auto", choices=["auto", "off"],
                    help="gguf and q8_0 weights in the layout the CPU kernels multiply fastest (auto: "
-                        "Q5_0, Q8_0, Q4_K and Q6_K weights repacked 8 rows a tile at start-up, the same values, "
-                        "with the AVX2 kernels; Q5_0, Q4_K and Q6_K with the AVX-512 VNNI kernels on a CPU "
-                        "without AMX); off: the GGUF's blocks as stored")
+                        "Q5_0, Q8_0, Q4_K and Q6_K weights repacked 8 rows a tile at start-up, the same "
+                        "values, with the AVX2 kernels; Q5_0, Q4_K and Q6_K with the AVX-512 VNNI kernels "
+                        "on a CPU without AMX); off: the GGUF's blocks as stored")
     g.add_argument("--fused-decode", default="auto", choices=["auto", "off"],
                    help="decode steps with gguf/q8_0 weights run each decoder layer as one "
                         "C++ call (auto: where the CPU kernels load and run the layer's "

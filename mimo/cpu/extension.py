@@ -30,8 +30,8 @@ _SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "amx
                               "decode_attention.cpp", "prefill_attention.cpp",
                               "prefill_attention_amx.cpp",
                               "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp")]
-_HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qrepack_regs.h", "qdecode512.h", "amx_tiles.h",
-                                 "kernels.h",
+_HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qrepack_regs.h", "qdecode512.h",
+                                 "amx_tiles.h", "kernels.h",
                                  "vec_math.h", "rows_io.h", "prefill_span.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DMIMO_ISA_AVX2"],
