@@ -70,18 +70,30 @@ CASES = [(qt, n, k, m) for qt in BLOCKS
                          ids=[f"{NAMES[c[0]]}-{c[1]}x{c[2]}-m{c[3]}" for c in CASES])
 def test_qgemm_matches_float64_and_qlinear(build, qtype, n, k, m):
     isa, mod = build
-    rng = np.random.default_rng(qtype * 1000 + n + m)
+    part, x = _case(qtype * 1000 + n + m, qtype, n, k, m)
+    _check_gemm(isa, mod, QuantMatrix([part]), part, x)
+
+
+def _case(seed: int, qtype: int, n: int, k: int, m: int):
+    """Random blocks [n, k] and activations [m, k] with an all-zero activation block."""
+    rng = np.random.default_rng(seed)
     part = random_blocks(qtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
-    x[m // 2, :32] = 0.0                                # an all-zero activation block
+    x[m // 2, 32:64] = 0.0
+    return part, x
+
+
+def _check_gemm(isa, mod, qm: QuantMatrix, part, x: np.ndarray) -> torch.Tensor:
+    """qm's product with x (more than 16 rows: the GEMM) against the float64 reference of
+    `part`'s blocks and, on a kernel build, against qlinear's rows."""
     w = ref_weights(part)
-    y = QuantMatrix([part]).matmul(torch.from_numpy(x))   # > 16 rows: the GEMM
+    y = qm.matmul(torch.from_numpy(x))
     y64 = y.numpy().astype(np.float64)
     assert_within_rounding_bound(y64, x, w)
-    if mod is None:
-        return
-    assert_matches_quantized_product(y64, x, w)
-    _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [part]))
+    if mod is not None:
+        assert_matches_quantized_product(y64, x, w)
+        _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), qm.parts))
+    return y
 
 
 # (type, weight rows, K, activation rows): rows a multiple of 8, 24 and 40 ending on half a
@@ -104,18 +116,10 @@ def kernels(request, monkeypatch):
                          ids=[f"{NAMES[c[0]]}x8-{c[1]}x{c[2]}-m{c[3]}" for c in X8_CASES])
 def test_qgemm_on_repacked_tiles(kernels, qtype, n, k, m):
     isa, mod = kernels
-    rng = np.random.default_rng(qtype * 977 + n + m)
-    part = random_blocks(qtype, n, k, rng)
+    part, x = _case(qtype * 977 + n + m, qtype, n, k, m)
     packed = part.repacked(mod)
     assert packed.qtype == REPACKED[qtype]
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    x[m // 3, 32:64] = 0.0                              # an all-zero activation block
-    w = ref_weights(part)
-    y = QuantMatrix([packed]).matmul(torch.from_numpy(x))
-    y64 = y.numpy().astype(np.float64)
-    assert_within_rounding_bound(y64, x, w)
-    assert_matches_quantized_product(y64, x, w)
-    _check_rows(isa, y, _qlinear_by_rows(mod, torch.from_numpy(x), [packed]))
+    y = _check_gemm(isa, mod, QuantMatrix([packed]), part, x)
     # the same values as the GGUF blocks' own GEMM, up to the float sums' order
     y_gguf = QuantMatrix([part]).matmul(torch.from_numpy(x))
     np.testing.assert_allclose(y.numpy(), y_gguf.numpy(), rtol=1e-5,
