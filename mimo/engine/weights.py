@@ -41,8 +41,9 @@ def prepare_weights(model, rt: RuntimeConfig, loaded: LoadedModel) -> Weights:
         if rt.greedy_head != "exact":
             model.lm_head.screen_int4()
     kernels = extension.label(ext) if ext is not None and report is not None else "torch"
-    if report is not None and rt.repack == "auto" and repack_types(kernels):
-        report = repack_blocks(model, ext, repack_types(kernels))
+    types = repack_types(kernels) if rt.repack == "auto" else frozenset()
+    if types:           # kernels is "torch" (no types) where there are no blocks
+        report = repack_blocks(model, ext, types)
     fused = 0
     if report is not None and rt.fused_decode == "auto" and hasattr(model, "fuse_decode"):
         ops = decode_ops.load()

@@ -23,7 +23,7 @@ from helpers.qblocks import (
 
 from mimo.cpu import extension
 from mimo.cpu.features import ISAS, cpu_info
-from mimo.cpu.qmatrix import BLOCKS, NAMES, REPACKED, QuantMatrix
+from mimo.cpu.qmatrix import BLOCKS, NAMES, REPACKED, QuantMatrix, repack_types
 
 KERNEL_BUILDS = kernel_builds()
 
@@ -146,7 +146,7 @@ def test_mixed_parts_and_few_tiles(build):
         _check_rows(isa, y, _qlinear_by_rows(mod, x, parts))
         _check_rows(isa, QuantMatrix(one).matmul(x1), _qlinear_by_rows(mod, x1, one))
         # repacked parts beside one kept as stored (the VNNI build keeps Q8_0 so)
-        mixed = QuantMatrix(parts).repacked(mod, frozenset({6, 12, 14}))
+        mixed = QuantMatrix(parts).repacked(mod, repack_types("avx512-vnni"))
         assert [p.qtype for p in mixed.parts] == [106, 8, 14, 12]   # 3 and 17 rows: kept
         ym = mixed.matmul(x)
         _check_rows(isa, ym, _qlinear_by_rows(mod, x, mixed.parts))
