@@ -26,12 +26,14 @@ log = logging.getLogger("mimo.cpu")
 _CSRC = Path(__file__).parent / "csrc"
 _SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "amx_tiles.cpp",
                               "qtile256.cpp", "qrepack256.cpp", "qrepack_io.cpp",
-                              "qgemm512.cpp", "attention.cpp", "decode_ops.cpp",
+                              "qgemm512.cpp", "qproduct.cpp", "attention.cpp", "decode_ops.cpp",
+                              "decode_layer.cpp",
                               "decode_attention.cpp", "prefill_attention.cpp",
                               "prefill_attention_amx.cpp",
                               "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp")]
 _HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qrepack_regs.h", "qdecode512.h",
-                                 "amx_tiles.h", "kernels.h",
+                                 "amx_tiles.h", "kernels.h", "qproduct.h", "attn_steps.h",
+                                 "decode_layer.h", "decode_math.h", "team.h",
                                  "vec_math.h", "rows_io.h", "prefill_span.h")]
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c", "-DMIMO_ISA_AVX2"],

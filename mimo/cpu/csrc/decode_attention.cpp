@@ -12,6 +12,7 @@
 // Sinks: a per-head logit joining the softmax with no value.
 // With `round` and bfloat16 caches, on a CPU with AVX512-BF16 (VNNI build), q is taken as
 // bfloat16 (the plain layer's q is a bfloat16 tensor) and both products run on `vdpbf16ps`.
+#include "attn_steps.h"
 #include "kernels.h"
 #include "vec_math.h"
 #include <ATen/Parallel.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -234,107 +236,22 @@ void value_part(const T* vp, const int64_t* slots, int64_t l0, int64_t l1, int64
     }
 }
 
-template <typename T>
-void decode(const torch::Tensor& q, const torch::Tensor& kc, const torch::Tensor& vc,
-            const torch::Tensor& slots, const int64_t* lens, float scale, const float* sinks,
-            bool round, torch::Tensor& out) {
-    const int64_t B = q.size(0), Hq = q.size(1), D = q.size(2);
-    const int64_t Hkv = kc.size(1), Dv = vc.size(2), L = slots.size(1), rep = Hq / Hkv;
-    const int64_t threads = at::get_num_threads();
-    // parts per (sequence, KV head): enough for every thread when there are few heads
-    const int64_t split = std::max<int64_t>(1, (threads + B * Hkv - 1) / (B * Hkv));
-    const int64_t units = B * Hkv * split;
-    auto range = [&](int64_t u, int64_t& l0, int64_t& l1) {
-        const int64_t n = lens[u / (Hkv * split)], p = u % split;
-        const int64_t np = std::max<int64_t>(1, std::min(split, n / MIN_PART));
-        l0 = p < np ? n * p / np : n;
-        l1 = p < np ? n * (p + 1) / np : n;
-    };
-    std::vector<float> s(B * Hq * L), part_max(units), sums(units * rep), mx(B * Hq), inv(B * Hq);
-    std::vector<float> acc(units * rep * Dv, 0.f);
-    const T* kp = kc.data_ptr<T>();
-    const T* vp = vc.data_ptr<T>();
-    const int64_t* sp = slots.data_ptr<int64_t>();
-    const float* qp = q.data_ptr<float>();
-    const bool bf16 = bf16_path<T>(round, D, Dv);
-    std::vector<uint16_t> qb(bf16 ? B * Hq * D : 0);      // q rounded to bfloat16
-    for (size_t i = 0; i < qb.size(); ++i) qb[i] = c10::BFloat16(qp[i]).x;
-    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-        for (int64_t u = u0; u < u1; ++u) {
-            const int64_t b = u / (Hkv * split), g = u / split % Hkv;
-            const int64_t h0 = b * Hq + g * rep;
-            int64_t l0, l1;
-            range(u, l0, l1);
-#if defined(MIMO_ISA_VNNI)
-            if constexpr (std::is_same_v<T, at::BFloat16>)
-                if (bf16) {
-                    part_max[u] = score_bf16(qb.data() + h0 * D, kp, sp + b * L, l0, l1,
-                                             kc.stride(0), g, rep, D, L, scale, s.data() + h0 * L);
-                    continue;
-                }
-#endif
-            part_max[u] = score_part(qp + h0 * D, kp, sp + b * L, l0, l1, kc.stride(0), g, rep,
-                                     D, L, scale, s.data() + h0 * L);
-        }
-    });
-    // one max per (sequence, KV head) over its parts and sinks (a common shift: the weights
-    // are then exactly exp(s - max) whatever the split)
-    for (int64_t bg = 0; bg < B * Hkv; ++bg) {
-        float m = -INFINITY;
-        for (int64_t p = 0; p < split; ++p) m = std::max(m, part_max[bg * split + p]);
-        for (int64_t r = 0; r < rep; ++r) {
-            const int64_t bh = bg * rep + r;    // = b * Hq + g * rep + r
-            mx[bh] = sinks ? std::max(m, sinks[bh % Hq]) : m;
-        }
-    }
-    // with sinks the plain layer rounds normalised weights: their sum is needed first
-    const bool norm_first = sinks && round;
-    if (norm_first)
-        for (int64_t bh = 0; bh < B * Hq; ++bh) {
-            const int64_t n = lens[bh / Hq];
-            double den = std::exp(static_cast<double>(sinks[bh % Hq]) - mx[bh]);
-            for (int64_t l = 0; l < n; ++l) den += std::exp(static_cast<double>(s[bh * L + l]) - mx[bh]);
-            inv[bh] = static_cast<float>(1.0 / den);
-        }
-    at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
-        for (int64_t u = u0; u < u1; ++u) {
-            const int64_t b = u / (Hkv * split), g = u / split % Hkv;
-            const int64_t h0 = b * Hq + g * rep;
-            int64_t l0, l1;
-            range(u, l0, l1);
-            value_part(vp, sp + b * L, l0, l1, vc.stride(0), g, rep, Dv, L, mx.data() + h0,
-                       norm_first ? inv.data() + h0 : nullptr, round, s.data() + h0 * L,
-                       sums.data() + u * rep, acc.data() + u * rep * Dv);
-        }
-    });
-    float* op = out.data_ptr<float>();
-    for (int64_t bg = 0; bg < B * Hkv; ++bg)
-        for (int64_t r = 0; r < rep; ++r) {
-            const int64_t bh = bg * rep + r;
-            float den = sinks ? std::exp(sinks[bh % Hq] - mx[bh]) : 0.f;
-            float* o = op + bh * Dv;
-            std::fill(o, o + Dv, 0.f);
-            for (int64_t p = 0; p < split; ++p) {
-                const int64_t u = bg * split + p;
-                den += sums[u * rep + r];
-                for (int64_t i = 0; i < Dv; ++i) o[i] += acc[(u * rep + r) * Dv + i];
-            }
-            const float f = norm_first ? 1.f : (den > 0.f ? 1.f / den : 0.f);
-            for (int64_t i = 0; i < Dv; ++i) o[i] *= f;
-        }
-}
-
 }  // namespace
 
-torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
-                               const torch::Tensor& v_cache, const torch::Tensor& slots,
-                               const torch::Tensor& lens, double scale,
-                               const torch::Tensor& sinks, bool round) {
+DecodeAttnSteps::DecodeAttnSteps(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                 const torch::Tensor& v_cache, const torch::Tensor& slots,
+                                 const torch::Tensor& lens, double scale,
+                                 const torch::Tensor& sinks, bool round, int64_t threads,
+                                 torch::Tensor out)
+    : q_(q), kc_(k_cache), vc_(v_cache), slots_(slots), lens_(lens), out_(std::move(out)),
+      scale_(static_cast<float>(scale)), round_(round) {
     TORCH_CHECK(q.dim() == 3 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
                 "q must be contiguous float32 [B, Hq, D]");
     TORCH_CHECK(k_cache.dim() == 3 && v_cache.dim() == 3 && k_cache.size(2) == q.size(2) &&
                 k_cache.size(1) == v_cache.size(1), "caches must be [S, Hkv, D] and [S, Hkv, Dv]");
     TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "caches differ in dtype");
+    TORCH_CHECK(k_cache.scalar_type() == torch::kFloat32 ||
+                k_cache.scalar_type() == torch::kBFloat16, "caches must be float32 or bfloat16");
     TORCH_CHECK(k_cache.stride(2) == 1 && k_cache.stride(1) == k_cache.size(2) &&
                 v_cache.stride(2) == 1 && v_cache.stride(1) == v_cache.size(2),
                 "cache rows must be contiguous");
@@ -344,28 +261,146 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                 && slots.size(0) == q.size(0), "slots must be contiguous int64 [B, L]");
     TORCH_CHECK(lens.dim() == 1 && lens.scalar_type() == torch::kInt64 && lens.is_contiguous() &&
                 lens.size(0) == q.size(0), "lens must be int64 [B]");
-    const int64_t L = slots.size(1), S = std::min(k_cache.size(0), v_cache.size(0));
+    B_ = q.size(0), Hq_ = q.size(1), D_ = q.size(2);
+    Hkv_ = k_cache.size(1), Dv_ = v_cache.size(2), L_ = slots.size(1), rep_ = Hq_ / Hkv_;
+    TORCH_CHECK(out_.scalar_type() == torch::kFloat32 && out_.is_contiguous() &&
+                out_.numel() == B_ * Hq_ * Dv_, "out must be contiguous float32 [B, Hq, Dv]");
+    const int64_t S = std::min(k_cache.size(0), v_cache.size(0));
     const int64_t* lp = lens.data_ptr<int64_t>();
     const int64_t* sp = slots.data_ptr<int64_t>();
-    for (int64_t b = 0; b < lens.size(0); ++b) {
-        TORCH_CHECK(lp[b] >= 0 && lp[b] <= L, "bad length");
+    for (int64_t b = 0; b < B_; ++b) {
+        TORCH_CHECK(lp[b] >= 0 && lp[b] <= L_, "bad length");
         for (int64_t l = 0; l < lp[b]; ++l)
-            TORCH_CHECK(sp[b * L + l] >= 0 && sp[b * L + l] < S, "slot out of range");
+            TORCH_CHECK(sp[b * L_ + l] >= 0 && sp[b * L_ + l] < S, "slot out of range");
     }
-    const float* sk = nullptr;
-    torch::Tensor sinks_f;
     if (sinks.numel() > 0) {
-        TORCH_CHECK(sinks.numel() == q.size(1), "one sink per query head");
-        sinks_f = sinks.to(torch::kFloat32).contiguous();
-        sk = sinks_f.data_ptr<float>();
+        TORCH_CHECK(sinks.numel() == Hq_, "one sink per query head");
+        sinks_ = sinks.to(torch::kFloat32).contiguous();
+        sk_ = sinks_.data_ptr<float>();
     }
+    bf16_cache_ = k_cache.scalar_type() == torch::kBFloat16;
+    bf16_ = bf16_cache_ ? bf16_path<at::BFloat16>(round, D_, Dv_) : false;
+    // parts per (sequence, KV head): enough for every thread when there are few heads
+    split_ = std::max<int64_t>(1, (threads + B_ * Hkv_ - 1) / (B_ * Hkv_));
+    units_ = B_ * Hkv_ * split_;
+    s_.resize(B_ * Hq_ * L_);
+    part_max_.resize(units_);
+    sums_.resize(units_ * rep_);
+    mx_.resize(B_ * Hq_);
+    inv_.resize(B_ * Hq_);
+    acc_.assign(units_ * rep_ * Dv_, 0.f);
+}
+
+void DecodeAttnSteps::range(int64_t u, int64_t& l0, int64_t& l1) const {
+    const int64_t n = lens_.data_ptr<int64_t>()[u / (Hkv_ * split_)], p = u % split_;
+    const int64_t np = std::max<int64_t>(1, std::min(split_, n / MIN_PART));
+    l0 = p < np ? n * p / np : n;
+    l1 = p < np ? n * (p + 1) / np : n;
+}
+
+void DecodeAttnSteps::score(int64_t u) {
+    if (bf16_cache_) score_t<at::BFloat16>(u);
+    else score_t<float>(u);
+}
+
+void DecodeAttnSteps::values(int64_t u) {
+    if (bf16_cache_) values_t<at::BFloat16>(u);
+    else values_t<float>(u);
+}
+
+template <typename T>
+void DecodeAttnSteps::score_t(int64_t u) {
+    const int64_t b = u / (Hkv_ * split_), g = u / split_ % Hkv_;
+    const int64_t h0 = b * Hq_ + g * rep_;
+    int64_t l0, l1;
+    range(u, l0, l1);
+    const T* kp = kc_.data_ptr<T>();
+    const int64_t* sp = slots_.data_ptr<int64_t>() + b * L_;
+    const float* qp = q_.data_ptr<float>() + h0 * D_;
+#if defined(MIMO_ISA_VNNI)
+    if constexpr (std::is_same_v<T, at::BFloat16>)
+        if (bf16_) {
+            thread_local std::vector<uint16_t> qb;     // the heads' q rounded to bfloat16
+            qb.resize(rep_ * D_);
+            for (int64_t i = 0; i < rep_ * D_; ++i) qb[i] = c10::BFloat16(qp[i]).x;
+            part_max_[u] = score_bf16(qb.data(), kp, sp, l0, l1, kc_.stride(0), g, rep_, D_, L_, scale_,
+                                      s_.data() + h0 * L_);
+            return;
+        }
+#endif
+    part_max_[u] = score_part(qp, kp, sp, l0, l1, kc_.stride(0), g, rep_, D_, L_, scale_,
+                              s_.data() + h0 * L_);
+}
+
+void DecodeAttnSteps::maxes() {
+    // one max per (sequence, KV head) over its parts and sinks (a common shift: the weights
+    // are then exactly exp(s - max) whatever the split)
+    for (int64_t bg = 0; bg < B_ * Hkv_; ++bg) {
+        float m = -INFINITY;
+        for (int64_t p = 0; p < split_; ++p) m = std::max(m, part_max_[bg * split_ + p]);
+        for (int64_t r = 0; r < rep_; ++r) {
+            const int64_t bh = bg * rep_ + r;    // = b * Hq + g * rep + r
+            mx_[bh] = sk_ ? std::max(m, sk_[bh % Hq_]) : m;
+        }
+    }
+    // with sinks the plain layer rounds normalised weights: their sum is needed first
+    if (sk_ && round_) {
+        const int64_t* lens = lens_.data_ptr<int64_t>();
+        for (int64_t bh = 0; bh < B_ * Hq_; ++bh) {
+            const int64_t n = lens[bh / Hq_];
+            double den = std::exp(static_cast<double>(sk_[bh % Hq_]) - mx_[bh]);
+            for (int64_t l = 0; l < n; ++l) den += std::exp(static_cast<double>(s_[bh * L_ + l]) - mx_[bh]);
+            inv_[bh] = static_cast<float>(1.0 / den);
+        }
+    }
+}
+
+template <typename T>
+void DecodeAttnSteps::values_t(int64_t u) {
+    const int64_t b = u / (Hkv_ * split_), g = u / split_ % Hkv_;
+    const int64_t h0 = b * Hq_ + g * rep_;
+    int64_t l0, l1;
+    range(u, l0, l1);
+    const bool norm_first = sk_ && round_;
+    value_part(vc_.data_ptr<T>(), slots_.data_ptr<int64_t>() + b * L_, l0, l1, vc_.stride(0), g,
+               rep_, Dv_, L_, mx_.data() + h0, norm_first ? inv_.data() + h0 : nullptr, round_,
+               s_.data() + h0 * L_, sums_.data() + u * rep_, acc_.data() + u * rep_ * Dv_);
+}
+
+void DecodeAttnSteps::combine() {
+    const bool norm_first = sk_ && round_;
+    float* op = out_.data_ptr<float>();
+    for (int64_t bg = 0; bg < B_ * Hkv_; ++bg)
+        for (int64_t r = 0; r < rep_; ++r) {
+            const int64_t bh = bg * rep_ + r;
+            float den = sk_ ? std::exp(sk_[bh % Hq_] - mx_[bh]) : 0.f;
+            float* o = op + bh * Dv_;
+            std::fill(o, o + Dv_, 0.f);
+            for (int64_t p = 0; p < split_; ++p) {
+                const int64_t u = bg * split_ + p;
+                den += sums_[u * rep_ + r];
+                for (int64_t i = 0; i < Dv_; ++i) o[i] += acc_[(u * rep_ + r) * Dv_ + i];
+            }
+            const float f = norm_first ? 1.f : (den > 0.f ? 1.f / den : 0.f);
+            for (int64_t i = 0; i < Dv_; ++i) o[i] *= f;
+        }
+}
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& slots,
+                               const torch::Tensor& lens, double scale,
+                               const torch::Tensor& sinks, bool round) {
+    TORCH_CHECK(q.dim() == 3 && v_cache.dim() == 3, "q must be [B, Hq, D], v_cache [S, Hkv, Dv]");
     torch::Tensor out = torch::empty({q.size(0), q.size(1), v_cache.size(2)}, torch::kFloat32);
-    const float sc = static_cast<float>(scale);
-    if (k_cache.scalar_type() == torch::kFloat32)
-        decode<float>(q, k_cache, v_cache, slots, lp, sc, sk, round, out);
-    else if (k_cache.scalar_type() == torch::kBFloat16)
-        decode<at::BFloat16>(q, k_cache, v_cache, slots, lp, sc, sk, round, out);
-    else
-        TORCH_CHECK(false, "caches must be float32 or bfloat16");
+    DecodeAttnSteps a(q, k_cache, v_cache, slots, lens, scale, sinks, round,
+                      at::get_num_threads(), out);
+    at::parallel_for(0, a.units(), 1, [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) a.score(u);
+    });
+    a.maxes();
+    at::parallel_for(0, a.units(), 1, [&](int64_t u0, int64_t u1) {
+        for (int64_t u = u0; u < u1; ++u) a.values(u);
+    });
+    a.combine();
     return out;
 }

@@ -12,6 +12,7 @@
 
 #include "qcommon.h"
 #include "qpack.h"
+#include "qproduct.h"
 #include "amx_tiles.h"
 #include "kernels.h"
 
@@ -50,8 +51,6 @@ Quantized quantize_rows(const torch::Tensor& x) {
     return r;
 }
 
-constexpr int64_t TILE = 16;          // weight rows per work item (the 512-bit tile's height)
-
 // f(slot, i0, i1) over [0, n) in runs of at most `step` items, each run taken by whichever
 // thread asks next (in increasing order); slot < at::get_num_threads() names the thread
 // that took it. Not an even split up front: on a shared machine one core often runs
@@ -67,28 +66,6 @@ void dynamic_for(int64_t n, int64_t step, const F& f) {
             for (int64_t i; (i = next.fetch_add(step, std::memory_order_relaxed)) < n;)
                 f(s, i, std::min(n, i + step));
     });
-}
-
-void check_weight(const torch::Tensor& w, int64_t qtype, int64_t K) {
-    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == torch::kUInt8 && w.is_contiguous(),
-                "weights must be contiguous uint8 [N, row_bytes] GGUF blocks");
-    const int t = static_cast<int>(qtype);
-    const int bb = block_bytes(t);
-    TORCH_CHECK(bb > 0, "unsupported GGML type ", qtype);
-    TORCH_CHECK(K % block_elems(t) == 0 && w.size(1) == K / block_elems(t) * bb,
-                "weight rows of ", w.size(1), " bytes do not hold K=", K, " elements of type ", qtype);
-    TORCH_CHECK(!is_x8(t) || w.size(0) % 8 == 0,
-                "a repacked weight needs a multiple of 8 rows");
-}
-
-// Rows [n0, n1) of W against every activation row.
-void run_rows(int t, const uint8_t* w, int64_t rb, int64_t n0, int64_t n1,
-              const std::vector<QAct>& acts, float* out, int64_t ldo) {
-    const int64_t M = static_cast<int64_t>(acts.size());
-    if (!rows_x8(t, w, rb, n0, n1, acts.data(), M, out, ldo) &&
-        !tiles512(t, w, rb, n0, n1, acts.data(), M, out, ldo) &&
-        !tiles256(t, w, rb, n0, n1, acts.data(), M, out, ldo))
-        rows256(t, w, rb, n0, n1, acts.data(), M, out, ldo);
 }
 
 using Cand = std::pair<float, int64_t>;     // (score, column)
@@ -128,35 +105,18 @@ void offer(std::vector<Cand>& h, int64_t k, const float* s, int64_t n, int64_t b
 
 }  // namespace
 
-// y [M, sum(N_i)] = x [M, K] @ concat_i(W_i)^T, each W_i in its own GGUF type.
+// y [M, sum(N_i)] = x [M, K] @ concat_i(W_i)^T, each W_i in its own GGUF type: one parallel
+// region over the tiles of every part, in runs of 1/8 of a thread's share.
 torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& ws,
                       const std::vector<int64_t>& qtypes) {
-    TORCH_CHECK(ws.size() == qtypes.size() && !ws.empty(), "one GGML type per weight part");
-    const int64_t K = x.size(1), M = x.size(0);
-    int64_t N = 0;
-    std::vector<int64_t> first_tile{0};            // each part's first tile in the work list
-    for (size_t i = 0; i < ws.size(); ++i) {
-        check_weight(ws[i], qtypes[i], K);
-        N += ws[i].size(0);
-        first_tile.push_back(first_tile.back() + (ws[i].size(0) + TILE - 1) / TILE);
-    }
     Quantized qa = quantize_rows(x);
-    torch::Tensor y = torch::empty({M, N}, torch::kFloat32);
+    const QProduct p(ws, qtypes, x.size(1));
+    const int64_t M = x.size(0);
+    torch::Tensor y = torch::empty({M, p.N()}, torch::kFloat32);
     float* yp = y.data_ptr<float>();
-    std::vector<int64_t> col{0};
-    for (const auto& w : ws) col.push_back(col.back() + w.size(0));
-    // one parallel region over the tiles of every part, in runs of 1/8 of a thread's share
-    const int64_t ntiles = first_tile.back();
-    const int64_t run = std::max<int64_t>(1, ntiles / (8 * at::get_num_threads()));
-    dynamic_for(ntiles, run, [&](int64_t, int64_t t0, int64_t t1) {
-        for (size_t i = 0; i < ws.size(); ++i) {
-            const int64_t a = std::max(t0, first_tile[i]), b = std::min(t1, first_tile[i + 1]);
-            if (a >= b) continue;
-            const int64_t n = ws[i].size(0);
-            const int64_t n0 = (a - first_tile[i]) * TILE, n1 = std::min(n, (b - first_tile[i]) * TILE);
-            run_rows(static_cast<int>(qtypes[i]), ws[i].data_ptr<uint8_t>(), ws[i].size(1), n0, n1,
-                     qa.acts, yp + col[i], N);
-        }
+    const int64_t run = std::max<int64_t>(1, p.tiles() / (8 * at::get_num_threads()));
+    dynamic_for(p.tiles(), run, [&](int64_t, int64_t t0, int64_t t1) {
+        p.run(qa.acts.data(), M, t0, t1, yp);
     });
     return y;
 }
@@ -226,9 +186,8 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
                 const int t = static_cast<int>(qtypes[i]);
                 const uint8_t* w = ws[i].data_ptr<uint8_t>();
                 if (!gemm512(t, w, ws[i].size(1), n0, n1, K, g, gb - ga, yp + col[i], N)) {
-                    std::vector<QAct> rows(qa.acts.begin() + ga * R,
-                                           qa.acts.begin() + std::min(M, gb * R));
-                    run_rows(t, w, ws[i].size(1), n0, n1, rows, yp + ga * R * N + col[i], N);
+                    run_rows(t, w, ws[i].size(1), n0, n1, qa.acts.data() + ga * R,
+                             std::min(M, gb * R) - ga * R, yp + ga * R * N + col[i], N);
                 }
             }
         });
@@ -259,7 +218,7 @@ std::vector<torch::Tensor> qtopk(const torch::Tensor& x, const torch::Tensor& w,
         buf.resize(M * CH);
         for (int64_t c = c0; c < c1; ++c) {
             const int64_t n0 = c * CH, n1 = std::min(N, n0 + CH);
-            run_rows(t, wp + n0 * rb, rb, 0, n1 - n0, qa.acts, buf.data(), CH);
+            run_rows(t, wp + n0 * rb, rb, 0, n1 - n0, qa.acts.data(), M, buf.data(), CH);
             for (int64_t m = 0; m < M; ++m)
                 offer(cand[g][m], k, buf.data() + m * CH, n1 - n0, n0);
         }
