@@ -125,3 +125,39 @@ def _check_ragged_rows(model, ops, rows):
         untouched = torch.ones(N, dtype=torch.bool)
         untouched[batch.write_slots] = False
         assert (kf[untouched] == kc0[untouched]).all() and (vf[untouched] == vc0[untouched]).all()
+
+
+@pytest.mark.parametrize("isa", BUILDS)
+def test_any_number_of_threads_gives_the_same_bits(model, isa):
+    """The fused layer runs as one team of threads with barriers between its steps
+    (csrc/team.h); who computes which tile, head or key part must not change a bit. With 4
+    rows every thread count up to 4 splits attention the same way (one key part per row and
+    KV head), so teams of 1 to 4 threads (more than this machine's cores included) give
+    identical outputs and caches."""
+    rows = 4
+    positions = POSITIONS[:rows]
+    N = PAGE * sum(-(-(p + 1) // PAGE) for p in positions) + 4 * PAGE
+    threads = torch.get_num_threads()
+    with kernel_build(isa):
+        ops = decode_ops.load(isa.partition("+")[0])
+        assert ops is not None and model.fuse_decode(ops) == len(model.layers)
+        try:
+            for i, layer in enumerate(model.layers):
+                g = torch.Generator().manual_seed(100 + i)
+                batch = _batch(positions, WINDOW if layer.kind == "swa" else None, g, N)
+                kc0 = torch.randn(N, layer.attn.hkv, layer.attn.d, generator=g)
+                vc0 = torch.randn(N, layer.attn.hkv, layer.attn.dv, generator=g)
+                x = torch.randn(rows, model.cfg.hidden_size, generator=g) * 2
+                tables = model.rope[layer.kind].tables(torch.tensor(positions))
+                outs = []
+                for n in (1, 2, 3, 4):
+                    torch.set_num_threads(n)
+                    kf, vf = kc0.clone(), vc0.clone()
+                    outs.append((fused_decode.run(model._fused[i], x, tables, kf, vf, batch),
+                                 kf, vf))
+                for n, (y, kf, vf) in zip((2, 3, 4), outs[1:]):
+                    assert torch.equal(y, outs[0][0]), (layer.kind, n)
+                    assert torch.equal(kf, outs[0][1]) and torch.equal(vf, outs[0][2]), n
+                assert not torch.equal(outs[0][1], kc0)       # the step wrote its keys
+        finally:
+            torch.set_num_threads(threads)
