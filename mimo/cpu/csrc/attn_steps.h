@@ -25,7 +25,10 @@ public:
 private:
     template <typename T> void score_t(int64_t u);
     template <typename T> void values_t(int64_t u);
-    void range(int64_t u, int64_t& l0, int64_t& l1) const;
+    struct Unit {
+        int64_t b, g, h0, l0, l1;     // sequence, KV head, its first query head, keys [l0, l1)
+    };
+    Unit unit(int64_t u) const;
 
     torch::Tensor q_, kc_, vc_, slots_, lens_, sinks_, out_;
     int64_t B_, Hq_, D_, Hkv_, Dv_, L_, rep_, split_, units_;

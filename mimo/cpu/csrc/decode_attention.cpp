@@ -291,11 +291,16 @@ DecodeAttnSteps::DecodeAttnSteps(const torch::Tensor& q, const torch::Tensor& k_
     acc_.assign(units_ * rep_ * Dv_, 0.f);
 }
 
-void DecodeAttnSteps::range(int64_t u, int64_t& l0, int64_t& l1) const {
-    const int64_t n = lens_.data_ptr<int64_t>()[u / (Hkv_ * split_)], p = u % split_;
+DecodeAttnSteps::Unit DecodeAttnSteps::unit(int64_t u) const {
+    Unit r;
+    r.b = u / (Hkv_ * split_);
+    r.g = u / split_ % Hkv_;
+    r.h0 = r.b * Hq_ + r.g * rep_;
+    const int64_t n = lens_.data_ptr<int64_t>()[r.b], p = u % split_;
     const int64_t np = std::max<int64_t>(1, std::min(split_, n / MIN_PART));
-    l0 = p < np ? n * p / np : n;
-    l1 = p < np ? n * (p + 1) / np : n;
+    r.l0 = p < np ? n * p / np : n;
+    r.l1 = p < np ? n * (p + 1) / np : n;
+    return r;
 }
 
 void DecodeAttnSteps::score(int64_t u) {
@@ -310,10 +315,7 @@ void DecodeAttnSteps::values(int64_t u) {
 
 template <typename T>
 void DecodeAttnSteps::score_t(int64_t u) {
-    const int64_t b = u / (Hkv_ * split_), g = u / split_ % Hkv_;
-    const int64_t h0 = b * Hq_ + g * rep_;
-    int64_t l0, l1;
-    range(u, l0, l1);
+    const auto [b, g, h0, l0, l1] = unit(u);
     const T* kp = kc_.data_ptr<T>();
     const int64_t* sp = slots_.data_ptr<int64_t>() + b * L_;
     const float* qp = q_.data_ptr<float>() + h0 * D_;
@@ -357,10 +359,7 @@ void DecodeAttnSteps::maxes() {
 
 template <typename T>
 void DecodeAttnSteps::values_t(int64_t u) {
-    const int64_t b = u / (Hkv_ * split_), g = u / split_ % Hkv_;
-    const int64_t h0 = b * Hq_ + g * rep_;
-    int64_t l0, l1;
-    range(u, l0, l1);
+    const auto [b, g, h0, l0, l1] = unit(u);
     const bool norm_first = sk_ && round_;
     value_part(vc_.data_ptr<T>(), slots_.data_ptr<int64_t>() + b * L_, l0, l1, vc_.stride(0), g,
                rep_, Dv_, L_, mx_.data() + h0, norm_first ? inv_.data() + h0 : nullptr, round_,
