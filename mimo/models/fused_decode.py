@@ -3,7 +3,7 @@
 A decode step of a small model is mostly per-layer overhead when each layer runs as Python
 modules: about thirty module calls, casts, views and small aten ops around four products
 (docs/speed.md). `fuse_layer` hands a built layer's weights (its GGUF or Q8_0 blocks, its
-norm scales, its head shapes) to `DecodeLayer` (mimo/cpu/csrc/decode_ops.cpp), which runs
+norm scales, its head shapes) to `DecodeLayer` (mimo/cpu/csrc/decode_layer.cpp), which runs
 the whole layer, rounding where the plain layer rounds to its dtype.
 
 The plain layer stays the model: it runs prefill, the GPU, every layer that `fuse_layer`

@@ -1,4 +1,4 @@
-"""The fused decode layer (mimo/cpu/csrc/decode_ops.cpp), on each kernel build this CPU runs:
+"""The fused decode layer (mimo/cpu/csrc/decode_layer.cpp), on each kernel build this CPU runs:
 its elementwise ops against plain float64 math (odd sizes, bfloat16 rounding), one whole
 layer against the plain PyTorch layer on the same weights, caches and batch, and greedy
 tokens through the fused and the plain layers of tiny models."""

@@ -1,4 +1,4 @@
-"""The fused decode layer (mimo/cpu/csrc/decode_ops.cpp) on multi-row steps of ragged rows,
+"""The fused decode layer (mimo/cpu/csrc/decode_layer.cpp) on multi-row steps of ragged rows,
 on each kernel build this CPU runs: rows at positions from 0 to past twice the 512-key
 sliding window, pages of 16 scattered cache slots, 2 to 16 rows (the most a fused step takes,
 one whole weight tile), the tail counts between. Each row's output is checked against a

@@ -1,4 +1,4 @@
-// Decode attention for the fused layer (decode_ops.cpp): one query per sequence over paged
+// Decode attention for the fused layer (decode_layer.cpp): one query per sequence over paged
 // KV read in place, as attention.cpp's kernel computes it, but by KV head rather than by
 // query head, and split along the keys:
 // - the query heads that share a KV head (GQA) score each key row and add each value row

@@ -1,4 +1,4 @@
-// Vector math shared by the decode-layer and elementwise sources (decode_ops.cpp,
+// Vector math shared by the decode-layer and elementwise sources (decode_math.h,
 // decode_attention.cpp, elementwise.cpp);
 // AVX2 + FMA, which every build has.
 #pragma once
