@@ -130,17 +130,10 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
                     const std::vector<int64_t>& qtypes) {
     const int64_t R = gemm_rows();
     if (R == 0 || x.size(0) <= TILE) return qlinear(x, ws, qtypes);
-    TORCH_CHECK(ws.size() == qtypes.size() && !ws.empty(), "one GGML type per weight part");
-    const int64_t K = x.size(1), M = x.size(0);
-    int64_t N = 0;
-    std::vector<int64_t> first_tile{0}, col{0};
-    for (size_t i = 0; i < ws.size(); ++i) {
-        check_weight(ws[i], qtypes[i], K);
-        N += ws[i].size(0);
-        col.push_back(N);
-        first_tile.push_back(first_tile.back() + (ws[i].size(0) + TILE - 1) / TILE);
-    }
     Quantized qa = quantize_rows(x);
+    const int64_t K = x.size(1), M = x.size(0);
+    const QProduct p(ws, qtypes, K);
+    const int64_t N = p.N();
     const int64_t ng = (M + R - 1) / R;
     // the activations packed per (offset, halves) of the parts' types, R rows a group
     std::vector<std::vector<Packed>> packs;
@@ -156,19 +149,19 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
         keys.push_back(key);
         packs.emplace_back(ng);
         groups.emplace_back(ng);
-        auto& p = packs.back();
+        auto& pk = packs.back();
         auto& g = groups.back();
         at::parallel_for(0, ng, 1, [&](int64_t g0, int64_t g1) {
             for (int64_t j = g0; j < g1; ++j) {
                 const int rows = static_cast<int>(std::min(R, M - j * R));
-                pack(qa.acts.data() + j * R, rows, offset(t), ggml_type(t) == Q6_K, p[j]);
-                g[j] = RowGroup{p[j].view(), rows, j * R};
+                pack(qa.acts.data() + j * R, rows, offset(t), ggml_type(t) == Q6_K, pk[j]);
+                g[j] = RowGroup{pk[j].view(), rows, j * R};
             }
         });
     }
     torch::Tensor y = torch::empty({M, N}, torch::kFloat32);
     float* yp = y.data_ptr<float>();
-    const int64_t tiles = first_tile.back();
+    const int64_t tiles = p.tiles();
     const int64_t chunk = std::max<int64_t>(1, (256 << 10) / (K + K / 8) / R);   // groups
     const int64_t want = 4 * at::get_num_threads();
     for (int64_t c0 = 0; c0 < ng; c0 += chunk) {
@@ -176,18 +169,15 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
         const int64_t splits = tiles >= want ? 1 : std::min(c1 - c0, (want + tiles - 1) / tiles);
         at::parallel_for(0, tiles * splits, 1, [&](int64_t i0, int64_t i1) {
             for (int64_t item = i0; item < i1; ++item) {
-                const int64_t tile = item / splits, s = item % splits;
-                const size_t i = std::upper_bound(first_tile.begin(), first_tile.end(), tile)
-                                 - first_tile.begin() - 1;
-                const int64_t n0 = (tile - first_tile[i]) * TILE;
-                const int64_t n1 = std::min(ws[i].size(0), n0 + TILE);
+                const int64_t s = item % splits;
+                const auto [i, n0, n1, col] = p.tile(item / splits);
                 const int64_t ga = c0 + (c1 - c0) * s / splits, gb = c0 + (c1 - c0) * (s + 1) / splits;
                 const RowGroup* g = groups[key_of[i]].data() + ga;
                 const int t = static_cast<int>(qtypes[i]);
                 const uint8_t* w = ws[i].data_ptr<uint8_t>();
-                if (!gemm512(t, w, ws[i].size(1), n0, n1, K, g, gb - ga, yp + col[i], N)) {
+                if (!gemm512(t, w, ws[i].size(1), n0, n1, K, g, gb - ga, yp + col, N)) {
                     run_rows(t, w, ws[i].size(1), n0, n1, qa.acts.data() + ga * R,
-                             std::min(M, gb * R) - ga * R, yp + ga * R * N + col[i], N);
+                             std::min(M, gb * R) - ga * R, yp + ga * R * N + col, N);
                 }
             }
         });

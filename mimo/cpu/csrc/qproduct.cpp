@@ -48,12 +48,18 @@ void QProduct::run(const QAct* a, int64_t M, int64_t t0, int64_t t1, float* y) c
     }
 }
 
+QProduct::Tile QProduct::tile(int64_t t) const {
+    const size_t i = std::upper_bound(first_tile_.begin(), first_tile_.end(), t)
+                     - first_tile_.begin() - 1;
+    const int64_t n0 = (t - first_tile_[i]) * TILE;
+    return {i, n0, std::min(ws_[i].size(0), n0 + TILE), col_[i]};
+}
+
 std::pair<int64_t, int64_t> QProduct::columns(int64_t t0, int64_t t1) const {
     auto col = [&](int64_t t) {     // the first column of tile t (N for t = tiles())
-        const size_t i = std::upper_bound(first_tile_.begin(), first_tile_.end(), t)
-                         - first_tile_.begin() - 1;
-        if (i + 1 >= first_tile_.size()) return col_.back();
-        return col_[i] + (t - first_tile_[i]) * TILE;
+        if (t >= tiles()) return N();
+        const Tile r = tile(t);
+        return r.col + r.n0;
     };
     return {col(t0), col(t1)};
 }

@@ -33,6 +33,13 @@ public:
     void run(const QAct* a, int64_t M, int64_t t0, int64_t t1, float* y) const;
     // The columns of y that tiles [t0, t1) write: one range (parts are concatenated).
     std::pair<int64_t, int64_t> columns(int64_t t0, int64_t t1) const;
+    // Tile t < tiles(): its part (the index into the weights), its rows [n0, n1) of that
+    // part, and the part's first column of y.
+    struct Tile {
+        size_t part;
+        int64_t n0, n1, col;
+    };
+    Tile tile(int64_t t) const;
 
 private:
     std::vector<torch::Tensor> ws_;
