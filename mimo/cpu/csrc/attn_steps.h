@@ -34,6 +34,7 @@ private:
     int64_t B_, Hq_, D_, Hkv_, Dv_, L_, rep_, split_, units_;
     float scale_;
     bool round_, bf16_cache_, bf16_;
+    bool norm_first_ = false;         // sinks with rounding: weights normalised before values
     const float* sk_ = nullptr;       // sinks, float32, or none
     std::vector<float> s_, part_max_, sums_, mx_, inv_, acc_;
 };

@@ -278,6 +278,8 @@ DecodeAttnSteps::DecodeAttnSteps(const torch::Tensor& q, const torch::Tensor& k_
         sinks_ = sinks.to(torch::kFloat32).contiguous();
         sk_ = sinks_.data_ptr<float>();
     }
+    // with sinks the plain layer rounds normalised weights: their sum is needed first
+    norm_first_ = sk_ && round_;
     bf16_cache_ = k_cache.scalar_type() == torch::kBFloat16;
     bf16_ = bf16_cache_ ? bf16_path<at::BFloat16>(round, D_, Dv_) : false;
     // parts per (sequence, KV head): enough for every thread when there are few heads
@@ -345,8 +347,7 @@ void DecodeAttnSteps::maxes() {
             mx_[bh] = sk_ ? std::max(m, sk_[bh % Hq_]) : m;
         }
     }
-    // with sinks the plain layer rounds normalised weights: their sum is needed first
-    if (sk_ && round_) {
+    if (norm_first_) {
         const int64_t* lens = lens_.data_ptr<int64_t>();
         for (int64_t bh = 0; bh < B_ * Hq_; ++bh) {
             const int64_t n = lens[bh / Hq_];
@@ -360,14 +361,12 @@ void DecodeAttnSteps::maxes() {
 template <typename T>
 void DecodeAttnSteps::values_t(int64_t u) {
     const auto [b, g, h0, l0, l1] = unit(u);
-    const bool norm_first = sk_ && round_;
     value_part(vc_.data_ptr<T>(), slots_.data_ptr<int64_t>() + b * L_, l0, l1, vc_.stride(0), g,
-               rep_, Dv_, L_, mx_.data() + h0, norm_first ? inv_.data() + h0 : nullptr, round_,
+               rep_, Dv_, L_, mx_.data() + h0, norm_first_ ? inv_.data() + h0 : nullptr, round_,
                s_.data() + h0 * L_, sums_.data() + u * rep_, acc_.data() + u * rep_ * Dv_);
 }
 
 void DecodeAttnSteps::combine() {
-    const bool norm_first = sk_ && round_;
     float* op = out_.data_ptr<float>();
     for (int64_t bg = 0; bg < B_ * Hkv_; ++bg)
         for (int64_t r = 0; r < rep_; ++r) {
@@ -380,7 +379,7 @@ void DecodeAttnSteps::combine() {
                 den += sums_[u * rep_ + r];
                 for (int64_t i = 0; i < Dv_; ++i) o[i] += acc_[(u * rep_ + r) * Dv_ + i];
             }
-            const float f = norm_first ? 1.f : (den > 0.f ? 1.f / den : 0.f);
+            const float f = norm_first_ ? 1.f : (den > 0.f ? 1.f / den : 0.f);
             for (int64_t i = 0; i < Dv_; ++i) o[i] *= f;
         }
 }

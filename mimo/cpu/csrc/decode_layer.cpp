@@ -30,8 +30,6 @@ using mimo_q::QProduct;
 
 namespace {
 
-torch::Tensor f32(const torch::Tensor& t) { return t.to(torch::kFloat32).contiguous(); }
-
 // Each thread's own buffers, kept between calls: the activations' quantization, a normed
 // row, the residual after attention.
 struct Own {
@@ -195,8 +193,8 @@ void DecodeLayer::product(Step& s, const Team& team, const QProduct& p, const fl
                           float* y, int step) const {
     const QAct* a = own().acts.quantize(x, s.T, p.K());
     const int64_t N = p.N();
-    const int64_t run = std::max<int64_t>(1, p.tiles() / (8 * team.size));
-    team.share(s.next[step], p.tiles(), run, [&](int64_t t0, int64_t t1) {
+    team.share(s.next[step], p.tiles(), p.run_tiles(team.size), [&](int64_t t0,
+                                                                     int64_t t1) {
         p.run(a, s.T, t0, t1, y);
         if (!round_) return;
         const auto [c0, c1] = p.columns(t0, t1);

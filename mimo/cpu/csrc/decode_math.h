@@ -16,6 +16,8 @@ namespace mimo_dec {
 using mimo_vec::act8;
 using mimo_vec::exp8;
 
+inline torch::Tensor f32(const torch::Tensor& t) { return t.to(torch::kFloat32).contiguous(); }
+
 inline float bf16(float v) { return static_cast<float>(c10::BFloat16(v)); }
 inline float rnd(float v, bool on) { return on ? bf16(v) : v; }
 

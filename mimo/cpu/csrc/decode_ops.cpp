@@ -9,12 +9,6 @@
 
 using namespace mimo_dec;
 
-namespace {
-
-torch::Tensor f32(const torch::Tensor& t) { return t.to(torch::kFloat32).contiguous(); }
-
-}  // namespace
-
 // The elementwise ops alone, for tests against a float64 reference.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& scale, double eps, bool round) {
     TORCH_CHECK(x.dim() == 2 && scale.dim() >= 1 && scale.size(-1) == x.size(1), "x [R, n], scale [..., n]");

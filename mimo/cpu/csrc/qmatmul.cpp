@@ -114,10 +114,8 @@ torch::Tensor qlinear(const torch::Tensor& x, const std::vector<torch::Tensor>& 
     const int64_t M = x.size(0);
     torch::Tensor y = torch::empty({M, p.N()}, torch::kFloat32);
     float* yp = y.data_ptr<float>();
-    const int64_t run = std::max<int64_t>(1, p.tiles() / (8 * at::get_num_threads()));
-    dynamic_for(p.tiles(), run, [&](int64_t, int64_t t0, int64_t t1) {
-        p.run(qa.acts.data(), M, t0, t1, yp);
-    });
+    dynamic_for(p.tiles(), p.run_tiles(at::get_num_threads()),
+                [&](int64_t, int64_t t0, int64_t t1) { p.run(qa.acts.data(), M, t0, t1, yp); });
     return y;
 }
 

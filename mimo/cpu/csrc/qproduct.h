@@ -5,6 +5,7 @@
 // computed by the same code whoever runs its tile, so results do not depend on the split.
 #pragma once
 #include <torch/extension.h>
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,9 @@ public:
     int64_t K() const { return K_; }
     int64_t N() const { return col_.back(); }
     int64_t tiles() const { return first_tile_.back(); }
+    // Tiles per run when `threads` take runs from a counter: 1/8 of an even share, so a
+    // slower thread takes fewer.
+    int64_t run_tiles(int64_t threads) const { return std::max<int64_t>(1, tiles() / (8 * threads)); }
     // y[m * N + n] for the rows n of tiles [t0, t1), against activation rows a[0, M).
     void run(const QAct* a, int64_t M, int64_t t0, int64_t t1, float* y) const;
     // The columns of y that tiles [t0, t1) write: one range (parts are concatenated).
