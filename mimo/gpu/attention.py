@@ -11,7 +11,7 @@ Sequences with one query token (decode) are batched into one padded SDPA call; l
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +67,6 @@ class AttnBatch:
     write_slots: torch.Tensor             # [len(write_rows) or T] slots the new K/V go to
     decode_rows: torch.Tensor | None      # [B] rows of single-token sequences
     decode_slots: torch.Tensor | None     # [B, L] slots read by each (padded)
-    decode_mask: torch.Tensor | None      # [B, 1, 1, L] additive (0 or -inf); None: no padding
     prefills: list[PrefillSpan]
     all_decode: bool = False              # every row is a decode row, in order
     # Rows whose K/V are written (None: every row). A window rebuild recomputes positions
@@ -77,6 +76,26 @@ class AttnBatch:
     # A backend's own description of `prefills`, built by the first layer that needs it and
     # reused by the rest of the step's layers of this kind (CPUAttention: its span table).
     backend_spans: object = None
+    mask_dtype: torch.dtype = torch.float32   # of `decode_mask`
+    _mask: tuple[torch.Tensor | None] | None = field(default=None, repr=False)
+
+    @property
+    def decode_mask(self) -> torch.Tensor | None:
+        """[B, 1, 1, L] additive (0 or -inf) hiding each decode row's padded keys (the
+        trailing ones past `decode_lens`); None: no row is padded. Built when a path first
+        asks: the fused decode layers read the lengths, and a step's Python is much of a
+        small model's decode step (docs/speed.md)."""
+        if self._mask is None:
+            mask = None
+            slots, lens = self.decode_slots, self.decode_lens
+            if slots is not None and lens is not None and int(lens.min()) < slots.shape[1]:
+                B, L = slots.shape
+                keys = torch.arange(L, device=slots.device)
+                mask = torch.zeros(B, L, dtype=self.mask_dtype, device=slots.device)
+                mask.masked_fill_(keys[None, :] >= lens[:, None], float("-inf"))
+                mask = mask.view(B, 1, 1, L)
+            self._mask = (mask,)
+        return self._mask[0]
 
 
 def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> AttnBatch:
@@ -84,18 +103,17 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
     slots_fn(handle, a, b) gives cache slots of positions [a, b). A query at position p
     sees keys in (p - window, p] when `window` is set, else [0, p], and none below
     `key_floor` (a window rebuild's first computed position: its SWA KV starts there).
-    Positions below `write_from` are read from the cache, not written (0: write all)."""
+    Positions below `write_from` are read from the cache, not written (0: write all).
+    Few tensor ops per row: this runs twice in every decode step."""
     write, wrows, dec_rows, dec_slots, prefills = [], [], [], [], []
-    skipped = False
     for row, start, n, handle, floor, write_from in seqs:
         end = start + n
         lo = 0 if window is None else max(0, start - window + 1)
         lo = max(lo, min(floor, start))
         slots = slots_fn(handle, lo, end)
         w0 = min(max(write_from - start, 0), n)
-        skipped |= w0 > 0
         write.append(slots[start - lo + w0:])
-        wrows.append(torch.arange(row + w0, row + n))
+        wrows.append((row + w0, row + n, w0))
         if n == 1:
             dec_rows.append(row)
             dec_slots.append(slots)
@@ -103,26 +121,20 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
             prefills.append(PrefillSpan(slice(row, row + n), slots.to(device),
                                         _query_blocks(start, n, lo, window), start - lo,
                                         window or 0))
-    batch = AttnBatch(torch.cat(write).to(device), None, None, None, prefills)
-    if skipped:
-        batch.write_rows = torch.cat(wrows).to(device)
+    ws = write[0] if len(write) == 1 else torch.cat(write)
+    batch = AttnBatch(ws.to(device), None, None, prefills, mask_dtype=mask_dtype)
+    if any(w0 for _, _, w0 in wrows):
+        batch.write_rows = torch.cat([torch.arange(a, b) for a, b, _ in wrows]).to(device)
     if dec_rows:
         lens = [len(s) for s in dec_slots]
         # Padded up to a bucket: on CPU, oneDNN builds a new bf16 matmul primitive for every
         # new shape (about a millisecond), and the key count grows by one each step.
         L = -(-max(lens) // DECODE_KEY_BUCKET) * DECODE_KEY_BUCKET
-        if min(lens) == L:
-            idx, mask = torch.stack(dec_slots), None
-        else:
-            idx = torch.zeros(len(dec_slots), L, dtype=torch.int64)
-            mask = torch.full((len(dec_slots), 1, 1, L), float("-inf"), dtype=mask_dtype)
-            for i, s in enumerate(dec_slots):
-                idx[i, :len(s)] = s
-                mask[i, 0, 0, :len(s)] = 0.0
-            mask = mask.to(device)
+        idx = torch.zeros(len(dec_slots), L, dtype=torch.int64)
+        for i, s in enumerate(dec_slots):
+            idx[i, :len(s)] = s
         batch.decode_rows = torch.tensor(dec_rows, dtype=torch.int64, device=device)
         batch.decode_slots = idx.to(device)
-        batch.decode_mask = mask
         batch.decode_lens = torch.tensor(lens, dtype=torch.int64, device=device)
         batch.all_decode = not prefills and dec_rows == list(range(len(dec_rows)))
     return batch

@@ -156,10 +156,12 @@ class DecoderLM(nn.Module):
         fused = self._fused
         if fused is not None and not fused_decode.step_fits(x, ctx.batches, ctx.backend):
             fused = None
+        if fused is not None:
+            ftables = fused_decode.float_tables(tables)
         for i, layer in enumerate(layers):
             k_cache, v_cache = ctx.kv[i]
             if fused is not None and fused[i] is not None:
-                x = fused_decode.run(fused[i], x, tables[layer.kind], k_cache, v_cache,
+                x = fused_decode.run(fused[i], x, ftables[layer.kind], k_cache, v_cache,
                                      ctx.batches[layer.kind])
             else:
                 run = layer if compiled is None else compiled[i]

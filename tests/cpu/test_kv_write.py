@@ -47,7 +47,7 @@ def _step(T, Hkv, D, Dv, dtype, seed):
 def test_write_matches_index_copy(isa, dtype, dims):
     Hkv, D, Dv = dims
     k, v, kc, vc, slots = _step(37, Hkv, D, Dv, dtype, D)
-    batch = AttnBatch(slots, None, None, None, [])
+    batch = AttnBatch(slots, None, None, [])
     want_k, want_v = kc.clone(), vc.clone()
     TorchAttention.write(k, v, want_k, want_v, batch)
     counting = Counting(extension.load(isa))
@@ -59,7 +59,7 @@ def test_write_matches_index_copy(isa, dtype, dims):
 def test_partial_writes_keep_index_copy():
     k, v, kc, vc, slots = _step(10, 1, 16, 16, torch.bfloat16, 1)
     rows = torch.tensor([2, 3, 7])
-    batch = AttnBatch(slots[:3], None, None, None, [], write_rows=rows)
+    batch = AttnBatch(slots[:3], None, None, [], write_rows=rows)
     want_k, want_v = kc.clone(), vc.clone()
     TorchAttention.write(k, v, want_k, want_v, batch)
     counting = Counting(extension.load())

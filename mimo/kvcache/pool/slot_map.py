@@ -7,6 +7,7 @@ tables; it exists only for pools with storage (bookkeeping-only pools have no sl
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -17,13 +18,24 @@ def page_slots(pages: Sequence[int | None], start: int, end: int, page_size: int
                what: str = "KV") -> torch.Tensor:
     """Slots of positions [start, end) through `pages` (logical page -> physical page);
     every page they touch must be present (None: released)."""
-    # numpy: a few microseconds a call against torch's ~30 (it runs for every row of a step)
-    pos = np.arange(start, end, dtype=np.int64)
-    table = np.array([-1 if p is None else p for p in pages], dtype=np.int64)
-    phys = table[pos // page_size]
-    if start < end and bool((phys < 0).any()):
+    # A handful of numpy ops on the pages in range: this runs for every row of a step, on
+    # caches the weights' stream has just emptied (each op costs microseconds there).
+    if start >= end:
+        return torch.empty(0, dtype=torch.int64)
+    p0 = start // page_size
+    touched = pages[p0:(end - 1) // page_size + 1]
+    if len(touched) <= (end - 1) // page_size - p0:
+        raise RuntimeError(f"{what} for positions [{start}, {end}) has no page yet")
+    if None in touched:
         raise RuntimeError(f"{what} for positions [{start}, {end}) was already released")
-    return torch.from_numpy(phys * page_size + pos % page_size)
+    slots = np.add.outer(np.array(touched, dtype=np.int64) * page_size, _offsets(page_size))
+    a = start - p0 * page_size
+    return torch.from_numpy(slots.reshape(-1)[a:a + end - start])
+
+
+@functools.cache
+def _offsets(page_size: int) -> np.ndarray:
+    return np.arange(page_size, dtype=np.int64)
 
 
 class SlotMap:
