@@ -209,6 +209,22 @@ def test_more_query_heads_per_kv_head_than_the_kernel_takes_stay_plain(ops):
     assert _greedy(llm, prompts) == _greedy(_tiny_engine("float32", "off", **wide), prompts)
 
 
+def test_a_step_without_rows_is_refused(ops):
+    """Zero rows: a clear error, not a crash (a division by the row count once killed the
+    process), and the caches untouched."""
+    llm = _tiny_engine("float32", "off")
+    model = llm.engine.model
+    assert model.fuse_decode(ops) == len(model.layers)
+    kc, vc = (torch.zeros(64, *t.shape[1:]) for t in llm.engine.runner.kv[0])
+    none = torch.zeros(0, dtype=torch.int64)
+    x = torch.zeros(0, model.cfg.hidden_size)
+    cos, sin = model.rope[model.layers[0].kind].tables(none)
+    with pytest.raises(RuntimeError, match="at least one row"):
+        model._fused[0].forward(x, cos.float(), sin.float(), kc, vc, none,
+                                none.view(0, 1), none)
+    assert not kc.any() and not vc.any()
+
+
 def test_steps_the_fused_layers_do_not_run():
     """Prefill rows, rows whose K/V are not written, and paged backends take the plain path."""
     x = torch.zeros(2, 8)

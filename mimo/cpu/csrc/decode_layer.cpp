@@ -98,6 +98,7 @@ torch::Tensor DecodeLayer::forward(const torch::Tensor& x, const torch::Tensor& 
     TORCH_CHECK(x.dim() == 2 && x.size(1) == H_ && x.scalar_type() == torch::kFloat32 &&
                 x.is_contiguous(), "x must be contiguous float32 [T, hidden]");
     const int64_t T = x.size(0);
+    TORCH_CHECK(T > 0, "a decode step needs at least one row");
     TORCH_CHECK(cos.numel() == T * rd_ && sin.numel() == T * rd_,
                 "RoPE tables must be [T, rope_dim]");
     TORCH_CHECK(write_slots.numel() == T && write_slots.scalar_type() == torch::kInt64 &&
