@@ -112,7 +112,9 @@ class ModelRunner:
         ctx = ForwardContext(self.kv, self._batches(chunks, spans), self.backend,
                              self.layer_hook)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=dev)
-        logit_rows = None if all_logits else torch.tensor(rows, dtype=torch.int64, device=dev)
+        # None: every row (a decode step samples each row: no gather of all rows in order)
+        logit_rows = (None if all_logits or rows == list(range(row))
+                      else torch.tensor(rows, dtype=torch.int64, device=dev))
         if not mm:
             positions = torch.tensor(pos, dtype=torch.int64, device=dev)
             return input_ids, positions, ctx, logit_rows, {}
