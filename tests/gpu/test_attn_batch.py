@@ -31,10 +31,11 @@ def test_matches_brute_force(seed, window):
     for _ in range(60):
         rows = _rows(r)
         owner = {h: torch.randperm(5000)[:start + n] for _, start, n, h, _, _ in rows}
-        b = build_attn_batch(rows, window, lambda h, a, z: owner[h][a:z], "cpu", torch.bfloat16)
+        b = build_attn_batch(rows, window, lambda h, a, z, o=owner: o[h][a:z], "cpu",
+                             torch.bfloat16)
         dec = [x for x in rows if x[2] == 1]
         want_write, want_wrows = [], []
-        for row, start, n, h, floor, wf in rows:
+        for row, start, n, h, _, wf in rows:
             for i in range(n):
                 if start + i >= wf:
                     want_write.append(int(owner[h][start + i]))
@@ -49,7 +50,7 @@ def test_matches_brute_force(seed, window):
             assert b.decode_slots is None and b.decode_mask is None
             continue
         lens = []
-        for i, (row, start, _, h, floor, _) in enumerate(dec):
+        for i, (_, start, _, h, floor, _) in enumerate(dec):
             lo = 0 if window is None else max(0, start - window + 1)
             lo = max(lo, min(floor, start))          # the floor never hides the row's own key
             keys = owner[h][lo:start + 1].tolist()
