@@ -106,14 +106,16 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
     Positions below `write_from` are read from the cache, not written (0: write all).
     Few tensor ops per row: this runs twice in every decode step."""
     write, wrows, dec_rows, dec_slots, prefills = [], [], [], [], []
+    skipped = False
     for row, start, n, handle, floor, write_from in seqs:
         end = start + n
         lo = 0 if window is None else max(0, start - window + 1)
         lo = max(lo, min(floor, start))
         slots = slots_fn(handle, lo, end)
         w0 = min(max(write_from - start, 0), n)
+        skipped |= w0 > 0
         write.append(slots[start - lo + w0:])
-        wrows.append((row + w0, row + n, w0))
+        wrows.append((row + w0, row + n))
         if n == 1:
             dec_rows.append(row)
             dec_slots.append(slots)
@@ -123,8 +125,8 @@ def build_attn_batch(seqs, window: int | None, slots_fn, device, mask_dtype) -> 
                                         window or 0))
     ws = write[0] if len(write) == 1 else torch.cat(write)
     batch = AttnBatch(ws.to(device), None, None, prefills, mask_dtype=mask_dtype)
-    if any(w0 for _, _, w0 in wrows):
-        batch.write_rows = torch.cat([torch.arange(a, b) for a, b, _ in wrows]).to(device)
+    if skipped:
+        batch.write_rows = torch.cat([torch.arange(a, b) for a, b in wrows]).to(device)
     if dec_rows:
         lens = [len(s) for s in dec_slots]
         # Padded up to a bucket: on CPU, oneDNN builds a new bf16 matmul primitive for every

@@ -22,9 +22,9 @@ def page_slots(pages: Sequence[int | None], start: int, end: int, page_size: int
     # caches the weights' stream has just emptied (each op costs microseconds there).
     if start >= end:
         return torch.empty(0, dtype=torch.int64)
-    p0 = start // page_size
-    touched = pages[p0:(end - 1) // page_size + 1]
-    if len(touched) <= (end - 1) // page_size - p0:
+    p0, p1 = start // page_size, (end - 1) // page_size + 1
+    touched = pages[p0:p1]
+    if len(touched) < p1 - p0:
         raise RuntimeError(f"{what} for positions [{start}, {end}) has no page yet")
     if None in touched:
         raise RuntimeError(f"{what} for positions [{start}, {end}) was already released")
