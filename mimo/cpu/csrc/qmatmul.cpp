@@ -167,16 +167,15 @@ torch::Tensor qgemm(const torch::Tensor& x, const std::vector<torch::Tensor>& ws
         const int64_t splits = tiles >= want ? 1 : std::min(c1 - c0, (want + tiles - 1) / tiles);
         at::parallel_for(0, tiles * splits, 1, [&](int64_t i0, int64_t i1) {
             for (int64_t item = i0; item < i1; ++item) {
-                const int64_t s = item % splits;
-                const auto [i, n0, n1, col] = p.tile(item / splits);
+                const int64_t tile = item / splits, s = item % splits;
+                const auto [i, n0, n1, col] = p.tile(tile);
                 const int64_t ga = c0 + (c1 - c0) * s / splits, gb = c0 + (c1 - c0) * (s + 1) / splits;
                 const RowGroup* g = groups[key_of[i]].data() + ga;
                 const int t = static_cast<int>(qtypes[i]);
-                const uint8_t* w = ws[i].data_ptr<uint8_t>();
-                if (!gemm512(t, w, ws[i].size(1), n0, n1, K, g, gb - ga, yp + col, N)) {
-                    run_rows(t, w, ws[i].size(1), n0, n1, qa.acts.data() + ga * R,
-                             std::min(M, gb * R) - ga * R, yp + ga * R * N + col, N);
-                }
+                if (!gemm512(t, ws[i].data_ptr<uint8_t>(), ws[i].size(1), n0, n1, K, g, gb - ga,
+                             yp + col, N))
+                    p.run(qa.acts.data() + ga * R, std::min(M, gb * R) - ga * R, tile, tile + 1,
+                          yp + ga * R * N);
             }
         });
     }
