@@ -13,10 +13,12 @@ Buffers are filled before timing (torch.empty's untouched pages would read the s
 page, far faster than memory). Each figure is the best of `reps` timed calls after one
 warm-up call, on `threads` threads (set on torch for the measurement).
 
-    python -m mimo.bench.machine_limits [--threads 2] [--quick]    # one JSON line
+    python -m mimo.bench.machine_limits [--threads 2] [--quick] [--read-only]  # one JSON line
 
 The peers bench runs this in a subprocess before the first server and after the last, so
-its own process holds no torch threads while servers run.
+its own process holds no torch threads while servers run, and `--read-only` (the read rate
+alone, a few seconds) between the servers' turns: this machine's read rate moves by up to 2x
+within minutes, so a turn's figures are also put against the rate measured next to it.
 """
 from __future__ import annotations
 
@@ -90,6 +92,22 @@ def _kernel_label(isa: str | None) -> str:
     return isa if ext is None else extension.label(ext)
 
 
+def read_rate(threads: int, quick: bool = False, reps: int = 5) -> dict:
+    """The memory read rate alone (read_bandwidth's fastest method), on `threads` threads."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        nbytes = (128 if quick else 1024) * 2**20
+        reads = read_bandwidth(nbytes, reps)
+    finally:
+        torch.set_num_threads(before)
+    method = max(reads, key=lambda k: reads[k])
+    return {"threads": threads, "read_bytes": nbytes,
+            "bandwidth_gbs": round(reads[method] / 1e9, 2), "bandwidth_method": method,
+            "bandwidth_gbs_by_method": {k: round(v / 1e9, 2) for k, v in reads.items()}}
+
+
 def measure(threads: int, quick: bool = False, reps: int = 5,
             matmul_shape: tuple[int, int, int] = (3000, 640, 2048)) -> dict:
     import torch
@@ -105,8 +123,8 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
         torch.set_num_threads(before)
     from mimo.cpu.features import chosen_isa, cpu_info
     info = cpu_info()
-    method = max(reads, key=reads.get)
-    best = max(rates, key=rates.get)
+    method = max(reads, key=lambda k: reads[k])
+    best = max(rates, key=lambda k: rates[k])
     return {"cpu": info.model, "cpu_flags": sorted(info.flags),
             # what runs on them: mimo's kernel build ($MIMO_CPU_ISA forces one) and
             # torch's own vector code ($ATEN_CPU_CAPABILITY)
@@ -141,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="small sizes (smoke run; caches help)")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--read-only", action="store_true", help="the memory read rate alone")
     a = p.parse_args(argv)
-    print(json.dumps(measure(a.threads, a.quick, a.reps)), flush=True)
+    out = read_rate(a.threads, a.quick, a.reps) if a.read_only else measure(a.threads, a.quick, a.reps)
+    print(json.dumps(out), flush=True)
     return 0
 
 

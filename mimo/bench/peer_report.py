@@ -95,11 +95,26 @@ def median_of_rounds(values: list[float | None]) -> float | None:
     return statistics.median(v for v in values if v is not None)
 
 
-def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limits) -> dict:
+def turn_fractions(loads: list[dict], key: str, higher: bool, w: Workload, cost: ModelCost,
+                   lim: Limits, read: list[float]) -> list[float | None]:
+    """One server's memory fraction of row `key` in each round, against the read rate
+    (bytes/s) measured next to that round's turn."""
+    out = []
+    for ld, bw in zip(loads, read, strict=True):
+        f = fractions(figures(ld)[key], bounds(ld, w, cost, Limits(bw, lim.matmul_flops))[key], higher)
+        out.append(None if f is None else f["memory"])
+    return out
+
+
+def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limits,
+          read: dict[str, list[float]] | None = None) -> dict:
     """Every row: each server's value (the median of its rounds' workload results, each
     round's kept under values_by_round when there are several), cached tokens, fractions of
     the limits, and mimo against the best peer (the servers other than 'mimo' with a value).
-    Bounds and cached tokens come from the last round (each round sends the same sizes)."""
+    Bounds and cached tokens come from the last round (each round sends the same sizes).
+    With `read` (per server, the read rate next to each of its turns, bytes/s) each row also
+    has memory_fraction_by_turn: per server the median of its rounds' memory fractions
+    against those rates (each round's under memory_fraction_by_round)."""
     figs = {s: [figures(ld) for ld in lds] for s, lds in loads.items()}
     last = {s: lds[-1] for s, lds in loads.items()}
     bnds = {s: bounds(ld, w, cost, lim) for s, ld in last.items()}
@@ -114,6 +129,12 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
                                   for s, v in vals.items()}}
         if several:
             row["values_by_round"] = {s: [f[r.key] for f in fs] for s, fs in figs.items()}
+        if read is not None:
+            by = {s: turn_fractions(lds, r.key, r.higher_is_better, w, cost, lim, read[s])
+                  for s, lds in loads.items()}
+            row["memory_fraction_by_turn"] = {s: median_of_rounds(v) for s, v in by.items()}
+            if several:
+                row["memory_fraction_by_round"] = by
         if r.key in ("repeat_ttft_s", "shared_prefix_ttft_s"):
             row["cached_tokens"] = {s: cached_tokens(ld)[r.key] for s, ld in last.items()}
         row |= compare(vals, r.higher_is_better)

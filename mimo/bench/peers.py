@@ -14,7 +14,11 @@ falls on different servers' turns), each started afresh; each row's value is the
 median of its rounds (every round's kept beside it), as is the start-up. Before the first
 server starts and after the last one stops, the machine's matmul rate and memory bandwidth
 are measured (machine_limits; the higher of each counts), and every figure is reported as a
-fraction of the roofline they imply for this model (model_cost). Progress on stderr; one
+fraction of the roofline they imply for this model (model_cost). The read rate alone is
+also measured between turns, and each row's memory fraction is reported a second time
+against the rates next to each turn (the higher of the one before and the one after it,
+the median over a server's rounds): this machine's read rate moves by up to 2x within
+minutes, more than a run's figures do. Progress on stderr; one
 JSON line last on stdout: every figure, every fraction, mimo / best peer per row, and
 whether mimo matches or beats the best peer on each.
 """
@@ -144,6 +148,19 @@ def _machine_limits(threads: int, quick: bool) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _read_rate(args) -> float:
+    """The memory read rate now, GB/s (machine_limits --read-only, a few seconds)."""
+    cmd = [sys.executable, "-m", "mimo.bench.machine_limits", "--read-only", "--reps", "3",
+           "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    if p.returncode != 0:
+        raise RuntimeError(f"machine_limits --read-only failed:\n{p.stderr[-2000:]}")
+    gbs = json.loads(p.stdout.strip().splitlines()[-1])["bandwidth_gbs"]
+    _log(f"memory read {gbs} GB/s")
+    return gbs
+
+
 def _limits(args, when: str) -> dict:
     _log(f"machine limits on {args.threads} threads, {when} ...")
     m = _machine_limits(args.threads, args.quick)
@@ -254,18 +271,24 @@ def measure(args) -> dict:
     specs.append(mimo_spec(args.port, mimo_args, Path(args.mimo_dir).resolve()))
     before = _limits(args, "before the servers")
     turns: dict[str, list[dict]] = {s.name: [] for s in specs}
+    rate = _read_rate(args)
     for r in range(args.rounds):
         order = specs if r % 2 == 0 else specs[::-1]
         if args.rounds > 1:
             _log(f"round {r + 1} of {args.rounds}: {', '.join(s.name for s in order)}")
         for s in order:        # round r's prompts: seed + r, the same for every server
             log = log_dir / (f"{s.name}.log" if args.rounds == 1 else f"{s.name}.{r + 1}.log")
-            turns[s.name].append(_one(s, args, w, seed + r, log))
+            turn = _one(s, args, w, seed + r, log)
+            after = _read_rate(args) if turn["status"] != "not installed" else rate
+            turn["read_gbs"] = {"before": rate, "after": after}
+            turns[s.name].append(turn)
+            rate = after
     servers = {n: combine_rounds(t) for n, t in turns.items()}
     machine = best_of(before, _limits(args, "after the servers"))
     lim = Limits(machine["bandwidth_gbs"] * 1e9, machine["matmul_gflops"] * 1e9)
     loads = {n: [t["load"] for t in turns[n]] for n, s in servers.items() if s["status"] == "ok"}
-    rows = table(loads, w, cost, lim)
+    near = {n: [max(t["read_gbs"].values()) * 1e9 for t in turns[n]] for n in loads}
+    rows = table(loads, w, cost, lim, near)
     startup = {n: s.get("startup_s") for n, s in servers.items() if s["status"] == "ok"}
     leaks = {n: s["stop"]["leaked_pids"] for n, s in servers.items() if "stop" in s}
     ok = (all(s["status"] != "failed" and not s.get("errors") for s in servers.values())
@@ -278,7 +301,12 @@ def measure(args) -> dict:
             "mimo_args": mimo_args, "machine": machine,
             "model_cost": cost.summary(), "servers": servers, "rows": rows,
             "startup": {"values": startup, **compare(startup, higher=False)},
-            "summary": summary(rows), "leaked_pids": leaks, "ok": ok}
+            "summary": summary(rows),
+            "single_decode_memory_fraction": {
+                n: {"run": (rows["single_decode_tok_s"]["fraction_of_limit"][n] or {}).get("memory"),
+                    "turns": rows["single_decode_tok_s"]["memory_fraction_by_turn"][n]}
+                for n in loads},
+            "leaked_pids": leaks, "ok": ok}
 
 
 def run(args) -> int:

@@ -37,3 +37,12 @@ def test_names_a_forced_avx2_run_and_the_amx_tiles_off():
     assert res["kernel_isa"] == "avx2" and res["torch_cpu_capability"] == "AVX2"
     res = _measure({"MIMO_CPU_AMX": "off"})
     assert res["kernel_isa"] == cpu_info().best_isa
+
+
+def test_read_only_measures_the_read_rate_alone():
+    p = subprocess.run([sys.executable, "-m", "mimo.bench.machine_limits", "--read-only", "--quick",
+                        "--reps", "1", "--threads", "1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["bandwidth_gbs"] == max(res["bandwidth_gbs_by_method"].values()) > 0
+    assert res["threads"] == 1 and "matmul_gflops" not in res

@@ -165,6 +165,36 @@ def test_rounds_report_each_rows_median_and_keep_every_round():
     assert one["single_ttft_s"]["values"] == {"mimo": 0.10}
 
 
+def test_memory_fractions_against_the_read_rate_next_to_each_turn():
+    """A round's decode rate over the memory limit the rate read next to that round implies
+    (its bytes per token / the rate), the median over rounds; the run-wide fraction stays."""
+    cost = ModelCost(loaded_from_hf(tiny_gemma3_hf()).config)
+    lim = Limits(4e10, 1e11)
+    w = Workload()
+    loads = {"mimo": [_load(60.0, 0.10, 1.0), _load(30.0, 0.30, 2.0), _load(62.0, 0.11, 1.1)],
+             "llama-server": [_load(20.0, 0.40, 9.0), _load(45.0, 0.12, 6.0), _load(44.0, 0.13, 6.1)]}
+    read = {"mimo": [2e10, 4e10, 1e10], "llama-server": [4e10, 4e10, 4e10]}
+    rows = table(loads, w, cost, lim, read)
+    mid = 256 + w.max_tokens // 2
+    # seconds per token at 1 byte/s: the bytes one token reads
+    per_byte = cost.decode_step_time([mid], Limits(1.0, 1e11))["memory_s"]
+    want = [float(f"{v * per_byte / bw:.3g}") for v, bw in zip([60.0, 30.0, 62.0], read["mimo"])]
+    single = rows["single_decode_tok_s"]
+    assert single["memory_fraction_by_round"]["mimo"] == want
+    assert single["memory_fraction_by_turn"]["mimo"] == sorted(want)[1]
+    # the same rate in every turn as in the run: the same fraction as the run-wide one
+    assert single["memory_fraction_by_turn"]["llama-server"] == pytest.approx(
+        single["fraction_of_limit"]["llama-server"]["memory"], rel=2e-3)
+    assert single["fraction_of_limit"]["mimo"]["memory"] == pytest.approx(60.0 * per_byte / 4e10, rel=2e-3)
+    # a time row: bound time over the time, against each turn's rate
+    ttft = rows["single_ttft_s"]["memory_fraction_by_round"]["mimo"]
+    pre = [cost.prefill_time(0, 256, Limits(bw, 1e11))["memory_s"] for bw in read["mimo"]]
+    assert ttft == [float(f"{p / t:.3g}") for p, t in zip(pre, [0.10, 0.30, 0.11])]
+    assert "memory_fraction_by_turn" not in table(loads, w, cost, lim)["single_decode_tok_s"]
+    with pytest.raises(ValueError):       # one rate per round
+        table(loads, w, cost, lim, {"mimo": [2e10], "llama-server": [4e10] * 3})
+
+
 def test_a_servers_rounds_combine_into_one_record():
     def turn(status, startup, leaked, errors=()):
         return {"status": status, "startup_s": startup, "errors": list(errors),
@@ -263,6 +293,13 @@ def test_mimo_alone_quick_run(tmp_path):
     assert res["mimo_args"] == ["--model", str(model), "--threads", "1"]
     assert res["mimo_dir"] == str(ROOT) and m["argv"][1] == str(ROOT / "server.py")
     assert res["machine"]["matmul_gflops"] > 0 and res["machine"]["bandwidth_gbs"] > 0
+    # the read rate next to each turn: one measured between turns serves both neighbours
+    (b1, a1), (b2, a2) = ((t["read_gbs"]["before"], t["read_gbs"]["after"]) for t in m["rounds"])
+    assert min(b1, a1, b2, a2) > 0 and a1 == b2
+    dec = res["rows"]["single_decode_tok_s"]
+    assert len(dec["memory_fraction_by_round"]["mimo"]) == 2
+    assert res["single_decode_memory_fraction"]["mimo"] == {
+        "run": dec["fraction_of_limit"]["mimo"]["memory"], "turns": dec["memory_fraction_by_turn"]["mimo"]}
     assert set(res["rows"]) == {r.key for r in ROWS}
     for key, row in res["rows"].items():
         assert row["values"]["mimo"] > 0, key
