@@ -188,14 +188,13 @@ void DecodeLayer::run(Step& s, const Team& team) const {
              H_ * (team.id + 1) / team.size);
 }
 
-// y [T, N] = x [T, K] @ W^T, rounded to bfloat16 when the layer rounds; every member's
-// share taken from counter `step`, then a barrier. Each member quantizes x for itself.
+// y [T, N] = x [T, K] @ W^T, rounded to bfloat16 when the layer rounds; the tiles taken
+// from counter `step` in guided runs, then a barrier. Each member quantizes x for itself.
 void DecodeLayer::product(Step& s, const Team& team, const QProduct& p, const float* x,
                           float* y, int step) const {
     const QAct* a = own().acts.quantize(x, s.T, p.K());
     const int64_t N = p.N();
-    team.share(s.next[step], p.tiles(), p.run_tiles(team.size), [&](int64_t t0,
-                                                                     int64_t t1) {
+    team.share_guided(s.next[step], p.tiles(), 1, [&](int64_t t0, int64_t t1) {
         p.run(a, s.T, t0, t1, y);
         if (!round_) return;
         const auto [c0, c1] = p.columns(t0, t1);
