@@ -32,7 +32,7 @@ struct Team {
     // schedule): a member's first run is long, later ones shorter, so a member slowed by
     // other work still takes less. A product's weights come cold from memory, and each new
     // run starts a new stream the prefetchers must find: with runs of 1/8 of a share the
-    // 18 layers of a step took ~0.7 ms longer (docs/speed.md).
+    // 18 layers of a decode step took 0.4-0.7 ms longer (docs/speed.md).
     template <typename F>
     void share_guided(std::atomic<int64_t>& next, int64_t n, int64_t least, const F& f) const {
         int64_t i = next.load(std::memory_order_relaxed);
