@@ -115,28 +115,23 @@ def measure(threads: int, quick: bool = False, reps: int = 5,
     torch.set_num_threads(threads)
     try:
         shape = (512, 640, 2048) if quick else matmul_shape
-        nbytes = (128 if quick else 1024) * 2**20
         rates = {d: matmul_rate(*shape, reps=reps, dtype=d) for d in ("float32", "bfloat16")}
         i8 = int8_rate(*shape, reps=reps)
-        reads = read_bandwidth(nbytes, reps)
     finally:
         torch.set_num_threads(before)
     from mimo.cpu.features import chosen_isa, cpu_info
     info = cpu_info()
-    method = max(reads, key=lambda k: reads[k])
     best = max(rates, key=lambda k: rates[k])
     return {"cpu": info.model, "cpu_flags": sorted(info.flags),
             # what runs on them: mimo's kernel build ($MIMO_CPU_ISA forces one) and
             # torch's own vector code ($ATEN_CPU_CAPABILITY)
             "kernel_isa": _kernel_label(chosen_isa(info)),
             "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "threads": threads, "matmul_shape": list(shape), "matmul_dtype": best,
+            "matmul_shape": list(shape), "matmul_dtype": best,
             "matmul_gflops": round(rates[best] / 1e9, 1),
             "matmul_gflops_by_dtype": {k: round(v / 1e9, 1) for k, v in rates.items()},
             "int8_kernel_gops": None if i8 is None else round(i8 / 1e9, 1),
-            "read_bytes": nbytes,
-            "bandwidth_gbs": round(reads[method] / 1e9, 2), "bandwidth_method": method,
-            "bandwidth_gbs_by_method": {k: round(v / 1e9, 2) for k, v in reads.items()},
+            **read_rate(threads, quick, reps),
             "reps": reps}
 
 

@@ -95,17 +95,6 @@ def median_of_rounds(values: list[float | None]) -> float | None:
     return statistics.median(v for v in values if v is not None)
 
 
-def turn_fractions(loads: list[dict], key: str, higher: bool, w: Workload, cost: ModelCost,
-                   lim: Limits, read: list[float]) -> list[float | None]:
-    """One server's memory fraction of row `key` in each round, against the read rate
-    (bytes/s) measured next to that round's turn."""
-    out = []
-    for ld, bw in zip(loads, read, strict=True):
-        f = fractions(figures(ld)[key], bounds(ld, w, cost, Limits(bw, lim.matmul_flops))[key], higher)
-        out.append(None if f is None else f["memory"])
-    return out
-
-
 def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limits,
           read: dict[str, list[float]] | None = None) -> dict:
     """Every row: each server's value (the median of its rounds' workload results, each
@@ -118,6 +107,10 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
     figs = {s: [figures(ld) for ld in lds] for s, lds in loads.items()}
     last = {s: lds[-1] for s, lds in loads.items()}
     bnds = {s: bounds(ld, w, cost, lim) for s, ld in last.items()}
+    # each round's bounds against the read rate next to its turn
+    turn_bnds = None if read is None else {
+        s: [bounds(ld, w, cost, Limits(bw, lim.matmul_flops)) for ld, bw in zip(lds, read[s], strict=True)]
+        for s, lds in loads.items()}
     several = any(len(lds) > 1 for lds in loads.values())
     rows = {}
     for r in ROWS:
@@ -129,9 +122,11 @@ def table(loads: dict[str, list[dict]], w: Workload, cost: ModelCost, lim: Limit
                                   for s, v in vals.items()}}
         if several:
             row["values_by_round"] = {s: [f[r.key] for f in fs] for s, fs in figs.items()}
-        if read is not None:
-            by = {s: turn_fractions(lds, r.key, r.higher_is_better, w, cost, lim, read[s])
-                  for s, lds in loads.items()}
+        if turn_bnds is not None:
+            by = {s: [None if f is None else f["memory"] for f in
+                      (fractions(fig[r.key], b[r.key], r.higher_is_better)
+                       for fig, b in zip(figs[s], turn_bnds[s]))]
+                  for s in loads}
             row["memory_fraction_by_turn"] = {s: median_of_rounds(v) for s, v in by.items()}
             if several:
                 row["memory_fraction_by_round"] = by

@@ -139,24 +139,19 @@ def _workload(args) -> Workload:
     return replace(w, **{k: getattr(args, k) for k in SIZES if getattr(args, k) is not None})
 
 
-def _machine_limits(threads: int, quick: bool) -> dict:
-    cmd = [sys.executable, "-m", "mimo.bench.machine_limits", "--threads", str(threads)]
+def _machine_limits(threads: int, quick: bool, *flags: str, timeout: float = 900) -> dict:
+    cmd = [sys.executable, "-m", "mimo.bench.machine_limits", "--threads", str(threads), *flags]
     p = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True,
-                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=900)
+                       cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=timeout)
     if p.returncode != 0:
-        raise RuntimeError(f"machine_limits failed:\n{p.stderr[-2000:]}")
+        raise RuntimeError(f"machine_limits {' '.join(flags)} failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def _read_rate(args) -> float:
     """The memory read rate now, GB/s (machine_limits --read-only, a few seconds)."""
-    cmd = [sys.executable, "-m", "mimo.bench.machine_limits", "--read-only", "--reps", "3",
-           "--threads", str(args.threads)] + (["--quick"] if args.quick else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
-    if p.returncode != 0:
-        raise RuntimeError(f"machine_limits --read-only failed:\n{p.stderr[-2000:]}")
-    gbs = json.loads(p.stdout.strip().splitlines()[-1])["bandwidth_gbs"]
+    gbs = _machine_limits(args.threads, args.quick, "--read-only", "--reps", "3",
+                         timeout=300)["bandwidth_gbs"]
     _log(f"memory read {gbs} GB/s")
     return gbs
 
