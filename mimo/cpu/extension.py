@@ -30,7 +30,8 @@ _SRCS = [_CSRC / n for n in ("qmatmul.cpp", "qkernels.cpp", "qtile512.cpp", "amx
                               "decode_layer.cpp",
                               "decode_attention.cpp", "prefill_attention.cpp",
                               "prefill_attention_amx.cpp",
-                              "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp")]
+                              "elementwise.cpp", "fused_norms.cpp", "kv_write.cpp",
+                              "dequant.cpp")]
 _HEADERS = [_CSRC / n for n in ("qcommon.h", "qpack.h", "qrepack.h", "qrepack_regs.h", "qdecode512.h",
                                  "amx_tiles.h", "kernels.h", "qproduct.h", "attn_steps.h",
                                  "decode_layer.h", "decode_math.h", "team.h",
@@ -79,6 +80,11 @@ def load(isa: str | None = None) -> ModuleType | None:
         _default[forced] = mod
         return mod
     return _load(isa)
+
+
+def loaded() -> ModuleType | None:
+    """The default kernels if this process has loaded them already (never builds)."""
+    return _default.get(os.environ.get("MIMO_CPU_ISA"))
 
 
 def _load(isa: str | None) -> ModuleType | None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import torch
@@ -19,6 +20,52 @@ from . import gguf_dequant
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
+# Metadata arrays longer than this stay as their stored bytes until an element is read
+# (`GGUFArray`); shorter ones (a model's per-layer values) are plain lists.
+LAZY_ITEMS = 4096
+
+
+class GGUFArray(Sequence):
+    """A long metadata array (a tokenizer's tokens, scores, token types) as the bytes the
+    file stores, decoded the first time an element is read. A start whose tokenizer comes
+    from the cache (tokenizer_cache.py, keyed by `stored()`) reads none of them: decoding the
+    262k-token vocabulary and its numbers into Python objects took ~0.12 s of each start."""
+
+    def __init__(self, item: int, count: int, data: bytes):
+        self.item, self._count, self._data = item, count, data
+        self._items: list | None = None
+
+    def stored(self) -> bytes:
+        """The element type and count, then the elements' bytes as the file stores them."""
+        return struct.pack("<IQ", self.item, self._count) + self._data
+
+    def _list(self) -> list:
+        if self._items is None:
+            self._items = _items(self._data, self.item, self._count, 0, "")[0]
+        return self._items
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list: ...
+
+    def __getitem__(self, i):
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._list())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, GGUFArray):
+            return self.stored() == other.stored()
+        return isinstance(other, (list, tuple)) and self._list() == list(other)
+
+    def __repr__(self) -> str:
+        return f"GGUFArray(type {self.item}, {self._count} items)"
 
 
 @dataclass
@@ -95,6 +142,10 @@ class GGUFFile:
         data = np.frombuffer(self._buf, dtype=np.uint8, count=t.nbytes, offset=t.offset)
         return gguf_dequant.dequantize(data, t.qtype, t.shape, dtype, out)
 
+    def mapped(self) -> mmap.mmap:
+        """The file's read-only mapping, for views that go before `close`."""
+        return self._buf
+
     def close(self) -> None:
         self._buf.close()
 
@@ -113,11 +164,30 @@ def _value(buf, kind: int, pos: int, path: str) -> tuple[Any, int]:
         raise ValueError(f"{path}: unknown GGUF metadata type {kind}")
     item, count = struct.unpack_from("<IQ", buf, pos)
     pos += 12
+    if count > LAZY_ITEMS and (item in _SCALARS or item == 8):
+        end = pos + count * struct.calcsize(_SCALARS[item]) if item in _SCALARS \
+            else _strings_end(buf, pos, count)
+        if end > len(buf):
+            raise IndexError("array past the end of the file")
+        return GGUFArray(item, count, bytes(buf[pos:end])), end
+    return _items(buf, item, count, pos, path)
+
+
+def _strings_end(buf, pos: int, count: int) -> int:
+    """Where `count` stored strings from `pos` end (their lengths only are read)."""
+    unpack = struct.Struct("<Q").unpack_from
+    for _ in range(count):
+        pos += 8 + unpack(buf, pos)[0]
+    return pos
+
+
+def _items(buf, item: int, count: int, pos: int, path: str) -> tuple[list, int]:
+    """`count` elements of type `item` from `pos` -> (list, the position after them)."""
     if item in _SCALARS:
         fmt = f"<{count}{_SCALARS[item][1]}"
         return list(struct.unpack_from(fmt, buf, pos)), pos + struct.calcsize(fmt)
     items = []
-    if item == 8:   # the vocabulary: inlined, this loop is most of the read time
+    if item == 8:   # the vocabulary: inlined, this loop is most of its decoding time
         unpack = struct.Struct("<Q").unpack_from
         for _ in range(count):
             (n,) = unpack(buf, pos)

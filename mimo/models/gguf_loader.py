@@ -10,12 +10,15 @@ from __future__ import annotations
 import math
 import re
 import sys
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ..cpu import extension
 from ..cpu.qmatrix import QuantPart, supported
 from . import families, gguf_dequant
 from .architecture import GGUFFormat
@@ -53,17 +56,66 @@ def gguf_hf_config(f: GGUFFile) -> dict:
         raise ValueError(f"{f.path}: GGUF metadata lacks {e.args[0]}") from e
 
 
+class DenseStart:
+    """Matrices of a GGUF decoding into their slots on the kernel extension's own thread,
+    which holds no GIL (`start_dense`); `gguf_weights` takes them as done once `wait`
+    returned. Wait before the file is closed: the thread reads its mapped bytes."""
+
+    def __init__(self, handle: Any, names: frozenset[str]):
+        self._handle, self.names = handle, names
+
+    def wait(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            handle.wait()
+
+
+def start_dense(f: GGUFFile, dtype: torch.dtype, slots: dict[str, torch.Tensor]
+                ) -> DenseStart | None:
+    """Start decoding every matrix of `f` that needs no conversion to HF conventions, is of a
+    type the extension decodes and has a slot, straight into that slot in `dtype` (float32
+    or bfloat16), bit for bit as `gguf_weights` would; None where the kernel extension is not
+    loaded in this process (it is never built for this) or takes none of them."""
+    ext = extension.loaded()
+    if ext is None or dtype not in (torch.float32, torch.bfloat16):
+        return None
+    arch, fmt = _format(f)
+    src, types, out, names = [], [], [], []
+    with warnings.catch_warnings():          # read-only views of the mapped file: only read
+        warnings.simplefilter("ignore", UserWarning)
+        for t in f.tensors.values():
+            name = _hf_name(t.name, arch, fmt.names)
+            if name not in slots or not ext.dequant_type(t.qtype) or len(t.shape) < 2 \
+                    or _row_order(fmt, t, f.metadata) is not True:
+                continue
+            src.append(torch.frombuffer(f.mapped(), dtype=torch.uint8, count=t.nbytes,
+                                        offset=t.offset))
+            types.append(t.qtype)
+            out.append(slots[name])
+            names.append(name)
+    if not names:
+        return None
+    return DenseStart(ext.start_dequantize(src, types, out), frozenset(names))
+
+
 def gguf_weights(f: GGUFFile, progress: bool = True, dtype: torch.dtype = torch.float32,
-                 slots: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                 slots: dict[str, torch.Tensor] | None = None,
+                 started: DenseStart | None = None) -> dict[str, torch.Tensor]:
     """HF name -> weight. Matrices (2-D and up) come in `dtype`, the one the model is built
     in (every family casts its matrices to it; dequantizing straight to it skips a float32
     copy of each), unless the family's conversion to HF conventions changes their values:
     those convert in float32, then cast. Vectors (norms, biases) stay float32. The matrices
-    are written to `slots` (default: `weight_slots`')."""
+    are written to `slots` (default: `weight_slots`'); those `started` (`start_dense`, on
+    the same slots) are waited for and taken as they are."""
     arch, fmt = _format(f)
     named = {_hf_name(t.name, arch, fmt.names): t for t in f.tensors.values()}
     if slots is None:
         slots = weight_slots(f, dtype)[1]
+    order, done = list(named), {}
+    if started is not None:
+        started.wait()
+        done = {name: slots[name] for name in started.names}
+        named = {name: t for name, t in named.items() if name not in done}
     bar = _progress(len(named), "loading weights", progress)
     # As many threads as torch has intra-op threads, each running its ops on one: the
     # tensors, not each op's elements, spread over the cores (torch ops release the GIL).
@@ -75,7 +127,8 @@ def gguf_weights(f: GGUFFile, progress: bool = True, dtype: torch.dtype = torch.
             fut.result()                    # the first error, as soon as it happens
             bar.update(1)
     bar.close()
-    return {name: fut.result() for fut, name in futures.items()}
+    done.update((name, fut.result()) for fut, name in futures.items())
+    return {name: done[name] for name in order}
 
 
 def weight_slots(f: GGUFFile, dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

@@ -109,23 +109,38 @@ def load(name: str, progress: bool = True, dtype: torch.dtype = torch.float32) -
 def _load(path: Path, progress: bool, dtype: torch.dtype) -> LoadedModel:
     from .tokenizer import Tokenizer
     if path.is_file():
-        from .gguf_loader import gguf_blocks, gguf_hf_config, gguf_weights, open_gguf, weight_slots
+        from .gguf_loader import (
+            gguf_blocks,
+            gguf_hf_config,
+            gguf_weights,
+            open_gguf,
+            start_dense,
+            weight_slots,
+        )
         f = open_gguf(path)
-        # While the tokenizer loads, holding the GIL throughout, two threads make one numpy
-        # call each, which never holds it: the tensors' bytes (the blocks') copied out of the
-        # file, and the pages of the dense weights' buffer touched (the faults taken there).
+        # While the tokenizer loads, holding the GIL throughout, work that never holds it
+        # runs beside it: the tensors' bytes (the blocks') copied out of the file by one
+        # numpy call, and the dense matrices decoded into their slots on the kernel
+        # extension's thread (where it is loaded; else the slots' pages are touched, one
+        # numpy call, and the matrices decoded after the tokenizer).
+        started = None
         try:
             with ThreadPoolExecutor(2, thread_name_prefix="mimo-load") as pool:
                 copied = pool.submit(f.copy_data)
                 buf, slots = weight_slots(f, dtype)
-                touched = pool.submit(np.copyto, buf.view(torch.uint8).numpy(), 0)
+                started = start_dense(f, dtype, slots)
+                touched = None if started is not None else \
+                    pool.submit(np.copyto, buf.view(torch.uint8).numpy(), 0)
                 cfg = model_config_from_hf(gguf_hf_config(f))
                 tok = Tokenizer.from_gguf(f.metadata)
                 copied.result()
-                touched.result()
-            weights = gguf_weights(f, progress, dtype, slots)
+                if touched is not None:
+                    touched.result()
+            weights = gguf_weights(f, progress, dtype, slots, started)
             blocks = gguf_blocks(f)
         finally:
+            if started is not None:
+                started.wait()          # (again, after an error: it reads the mapped file)
             f.close()
         return LoadedModel(cfg, weights, tok, str(path), blocks)
     else:

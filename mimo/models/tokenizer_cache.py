@@ -6,6 +6,8 @@ fraction of that. Entries live under `$MIMO_CACHE_DIR/tokenizers` (default
 `~/.cache/mimo`), keyed by the tokenizer metadata, the builder's source and the `tokenizers`
 version, so any change to one of them is a new entry. `MIMO_TOKENIZER_CACHE=off` disables
 it. An entry that cannot be read is rebuilt; one that cannot be written is skipped.
+A GGUF file's long arrays (`GGUFArray`) enter the key as the bytes it stores, undecoded; the
+same metadata as Python lists (another reader's) is another entry.
 """
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ from typing import Any
 import numpy as np
 import tokenizers
 from tokenizers import Tokenizer as _Backend
+
+from .gguf_file import GGUFArray
 
 log = logging.getLogger(__name__)
 _BUILDER = Path(__file__).with_name("tokenizer.py")
@@ -38,7 +42,9 @@ def metadata_key(md: Mapping[str, Any]) -> str:
     for key in sorted(k for k in md if k.startswith("tokenizer.") or k == "general.architecture"):
         value = md[key]
         h.update(b"\x01" + key.encode() + b"\x02")
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, GGUFArray):          # as stored: nothing decoded
+            h.update(b"\x05" + value.stored())
+        elif isinstance(value, (list, tuple)):
             h.update(f"{len(value)}\x03".encode())
             h.update(_array_bytes(value))
         else:

@@ -8,6 +8,8 @@ import torch
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as package_dequantize
 
+from mimo.cpu import extension
+from mimo.cpu.features import ISAS, cpu_info
 from mimo.models import gguf_dequant, registry
 from mimo.models.gguf_dequant import DECODERS, dequantize
 from mimo.models.gguf_loader import (
@@ -16,6 +18,7 @@ from mimo.models.gguf_loader import (
     gguf_blocks,
     gguf_weights,
     open_gguf,
+    start_dense,
     weight_slots,
 )
 from mimo.models.layers import STACKED_ROWS
@@ -26,6 +29,10 @@ TYPES = [0, *sorted(DECODERS), IQ4_NL]
 FP16_FIELDS = {2: [0], 3: [0, 2], 6: [0], 7: [0, 2], 8: [0], 10: [80, 82], 11: [108],
                12: [0, 2], 13: [0, 2], 14: [208], IQ4_NL: [0]}
 INT_VIEW = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+BUILDS = [i for i in ISAS if cpu_info().supports(i)]
+# the types the extension's start_dequantize decodes (csrc/dequant.cpp); the others stay in
+# Python (gguf_weights)
+EXT_TYPES = [1, 2, 3, 6, 7, 8, 12, 13, 14, 30]
 
 
 def _random_tensor(qtype: int, rows: int, rng: np.random.Generator) -> tuple[np.ndarray, tuple]:
@@ -72,6 +79,39 @@ def test_blocks_decode_bit_for_bit_as_the_package_does(qtype, monkeypatch):
         assert _same_bits(got, want.to(dtype)), (GGMLQuantizationType(qtype).name, dtype)
 
 
+@pytest.mark.parametrize("isa", BUILDS)
+@pytest.mark.parametrize("qtype", EXT_TYPES, ids=lambda q: GGMLQuantizationType(q).name)
+def test_extension_decodes_bit_for_bit_as_the_package_does(isa, qtype):
+    """The extension's decoder thread (csrc/dequant.cpp), each build this CPU runs: several
+    tensors of one row and of 41 in one call, float32 and bfloat16, every value the
+    package's float32 one (cast as torch casts); outputs start as NaN, so a value left
+    unwritten fails too."""
+    ext = extension.load(isa)
+    rng = np.random.default_rng(100 + qtype)
+    tensors = [_random_tensor(qtype, rows, rng) for rows in (1, 41, 3)]
+    for dtype in (torch.float32, torch.bfloat16):
+        outs = [torch.full(shape, float("nan"), dtype=dtype) for _, shape in tensors]
+        handle = ext.start_dequantize([torch.from_numpy(d) for d, _ in tensors],
+                                      [qtype] * len(tensors), outs)
+        handle.wait()
+        handle.wait()                                # a second wait is a no-op
+        for (data, shape), out in zip(tensors, outs):
+            assert _same_bits(out, _package(data, qtype, shape).to(dtype)), (shape, dtype)
+
+
+@pytest.mark.parametrize("isa", BUILDS)
+def test_extension_refuses_what_it_cannot_decode_before_it_starts(isa):
+    ext = extension.load(isa)
+    assert [q for q in TYPES if ext.dequant_type(q)] == EXT_TYPES
+    src = torch.zeros(34 * 3, dtype=torch.uint8)
+    for qtypes, out, match in [([8], torch.empty(4, 32), "are not 128 values"),
+                               ([10], torch.empty(3, 32), "no decoder for GGML type 10"),
+                               ([8], torch.empty(3, 32, dtype=torch.float16), "float32 or bfloat16"),
+                               ([8, 8], torch.empty(3, 32), "as long as each other")]:
+        with pytest.raises(RuntimeError, match=match):
+            ext.start_dequantize([src], qtypes, [out])
+
+
 def test_a_tensor_of_the_wrong_size_is_refused():
     data = np.zeros(34 * 3, dtype=np.uint8)
     with pytest.raises(ValueError, match="not 128 elements"):
@@ -85,13 +125,26 @@ def test_one_thread_restores_the_thread_count():
     assert torch.get_num_threads() == n
 
 
+@pytest.mark.parametrize("started", [False, True], ids=["python", "extension"])
 @pytest.mark.parametrize("model", ["gemma-3-270m", "smollm2-135m-instruct"])
-def test_file_weights_in_the_model_dtype_are_the_package_values_cast(model):
+def test_file_weights_in_the_model_dtype_are_the_package_values_cast(model, started):
     """Every tensor of the file: matrices in bfloat16, equal to the package's float32 values
-    (after the family's conversion to HF conventions) cast; vectors the float32 values."""
+    (after the family's conversion to HF conventions) cast; vectors the float32 values.
+    `started`: the matrices the extension decodes (all but llama's permuted q/k rows) come
+    from its thread (`start_dense`), the rest from Python."""
     f = open_gguf(registry.resolve(model))
     try:
-        ours = gguf_weights(f, progress=False, dtype=torch.bfloat16)
+        slots, dense = None, None
+        if started:
+            assert extension.load() is not None and extension.loaded() is not None
+            slots = weight_slots(f, torch.bfloat16)[1]
+            dense = start_dense(f, torch.bfloat16, slots)
+            assert dense is not None
+            permuted = {n for n in slots if n.endswith(("q_proj.weight", "k_proj.weight"))}
+            assert dense.names == (set(slots) - permuted if model.startswith("smollm2")
+                                   else set(slots))
+        ours = gguf_weights(f, progress=False, dtype=torch.bfloat16, slots=slots,
+                            started=dense)
         arch, fmt = _format(f)
         assert len(ours) == len(f.tensors)
         for t in f.tensors.values():
@@ -198,8 +251,9 @@ def test_weight_slots_lay_every_matrix_out_once_in_one_buffer(model):
 
 
 def test_registry_load_gives_the_weights_gguf_weights_gives(gemma_loaded):
-    """The engine's load (blocks copied and the weights' pages touched on threads while the
-    tokenizer loads) holds the same weights and blocks as the plain functions."""
+    """The engine's load (blocks copied and the matrices decoded on the extension's thread
+    while the tokenizer loads) holds the same weights and blocks as the plain functions."""
+    assert extension.load() is not None
     loaded = registry.load("gemma-3-270m", progress=False, dtype=torch.bfloat16)
     f = open_gguf(loaded.source)
     try:

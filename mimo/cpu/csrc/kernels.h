@@ -3,6 +3,7 @@
 // only, the signatures those files define and export.
 #pragma once
 #include <torch/extension.h>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,3 +76,22 @@ std::vector<torch::Tensor> add_rms_norm_rows(const torch::Tensor& x, const torch
 
 // cache[slots[i]] = src[i] (rows: the first dim; src's rows each one contiguous block).
 void write_rows(torch::Tensor& cache, const torch::Tensor& slots, const torch::Tensor& src);
+
+// dequant.cpp: GGUF blocks (src[i], contiguous uint8) of GGML type qtypes[i] -> out[i]
+// (contiguous float32 or bfloat16, as many values), on a thread of its own that starts at
+// once; `wait` joins it (and raises its error). The handle keeps every tensor alive until
+// then. `dequant_type`: whether a GGML type has a decoder here.
+class DequantHandle {
+public:
+    explicit DequantHandle(std::shared_ptr<void> state) : state_(std::move(state)) {}
+    DequantHandle(DequantHandle&&) = default;
+    DequantHandle(const DequantHandle&) = delete;
+    DequantHandle& operator=(const DequantHandle&) = delete;
+    ~DequantHandle();
+    void wait();
+private:
+    std::shared_ptr<void> state_;
+};
+DequantHandle start_dequantize(std::vector<torch::Tensor> src, std::vector<int64_t> qtypes,
+                               std::vector<torch::Tensor> out);
+bool dequant_type(int64_t qtype);

@@ -293,6 +293,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("y_bf16") = false, py::call_guard<py::gil_scoped_release>());
     m.def("write_rows", &write_rows, "cache[slots[i]] = src[i], one thread",
           py::call_guard<py::gil_scoped_release>());
+    py::class_<DequantHandle>(m, "Dequantizing", py::module_local())
+        .def("wait", &DequantHandle::wait, "join the thread; raise its error",
+             py::call_guard<py::gil_scoped_release>());
+    m.def("start_dequantize", &start_dequantize,
+          "GGUF blocks -> dense float32/bf16 tensors on a thread of its own (dequant.cpp)");
+    m.def("dequant_type", &dequant_type, "whether start_dequantize decodes this GGML type");
     m.def("isa", &isa, "the instruction set this build was compiled for");
     m.def("amx_tiles", &amx::on, "whether chunks of 16 activation rows take the AMX-INT8 tile unit");
     m.def("amx_rows", [] { return amx::ROWS; }, "the activation rows (a chunk) that take the tile unit");
