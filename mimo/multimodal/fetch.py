@@ -12,13 +12,15 @@ import binascii
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, unquote_to_bytes, urlsplit
-
-import httpx
 
 from .address import Resolver, check_host, parse_ip, system_resolver, vetted_address
 from .config import MediaConfig
 from .errors import MediaFetchError, MediaForbidden, MediaTooLarge
+
+if TYPE_CHECKING:       # imported where a URL is fetched: most starts fetch none (~70 ms)
+    import httpx
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -137,6 +139,7 @@ def _short(url: str) -> str:
 
 async def _fetch_http(url: str, cfg: MediaConfig, resolver: Resolver,
                       transport: httpx.AsyncBaseTransport | None) -> bytes:
+    import httpx
     timeout = httpx.Timeout(connect=cfg.connect_timeout_s, read=cfg.read_timeout_s,
                             write=cfg.read_timeout_s, pool=cfg.connect_timeout_s)
     # trust_env=False: an HTTP(S)_PROXY from the environment would connect on our behalf
@@ -194,6 +197,7 @@ async def _fetch_http(url: str, cfg: MediaConfig, resolver: Resolver,
 
 
 async def _read_body(resp: httpx.Response, url: str, max_bytes: int) -> bytes:
+    import httpx
     if resp.status_code >= 400:
         raise MediaFetchError(f"HTTP {resp.status_code} fetching {_short(url)}")
     declared = resp.headers.get("content-length")

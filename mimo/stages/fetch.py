@@ -7,8 +7,7 @@ bounds open downloads across all requests (sockets and buffered bytes).
 from __future__ import annotations
 
 import asyncio
-
-import httpx
+from typing import TYPE_CHECKING
 
 from ..multimodal.address import Resolver, system_resolver
 from ..multimodal.config import MediaConfig
@@ -16,6 +15,9 @@ from ..multimodal.fetch import fetch
 from ..pipeline import Stage
 from .chat_request import ChatRequest
 from .media_items import gather_items
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class Fetch(Stage):
